@@ -1,0 +1,17 @@
+# The two quick-start targets. Both set everything up first (idempotent, quick when done).
+.PHONY: run test setup lint bench
+
+setup:
+	@bash scripts/setup.sh
+
+run: setup
+	.venv/bin/loomrl rollout --env guess_number --model smollm2-135m-instruct --out runs/quickstart
+
+test: setup
+	.venv/bin/python -m pytest -q
+
+lint: setup
+	.venv/bin/ruff check loomrl tests benchmarks
+
+bench: setup
+	.venv/bin/python benchmarks/engine_throughput.py

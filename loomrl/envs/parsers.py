@@ -1,0 +1,119 @@
+"""Tool-call formats: how tools are described to the model and how its calls are read.
+
+A parser is a small protocol registered by name (``hermes`` first). ``parse`` never
+raises on model text: a malformed call becomes a ``ToolCallError`` item, in order with
+the good calls, so the environment can answer it with an error message.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+
+@dataclass(frozen=True, slots=True)
+class ToolCall:
+    """One well-formed call: a tool name and its decoded JSON arguments."""
+
+    name: str
+    arguments: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True, slots=True)
+class ToolCallError:
+    """A call the model attempted but wrote wrongly; ``name`` when it could be read."""
+
+    error: str
+    raw: str
+    name: str | None = None
+
+
+ParsedCall = ToolCall | ToolCallError
+
+
+class ToolCallParser(Protocol):
+    """Reads tool calls out of assistant text and tells the model how to write them."""
+
+    def parse(self, text: str) -> list[ParsedCall]:
+        """Every call attempt in ``text`` in order; empty when the text makes no call."""
+        ...
+
+    def instructions(self, tools: list[dict[str, Any]]) -> str:
+        """System-prompt text listing ``tools`` (JSON schemas) and the call format."""
+        ...
+
+
+class HermesParser:
+    """``<tool_call>{"name": ..., "arguments": {...}}</tool_call>`` blocks (Hermes, Qwen).
+
+    A block left open at the end of the text (a stop string or length cut) still counts
+    as an attempt; ``"parameters"`` is accepted for ``"arguments"``, and arguments given
+    as a JSON-encoded string are decoded.
+    """
+
+    _BLOCK = re.compile(r"<tool_call>(.*?)(?:</tool_call>|(?=<tool_call>)|\Z)", re.S)
+
+    def parse(self, text: str) -> list[ParsedCall]:
+        return [_decode(m.group(1).strip()) for m in self._BLOCK.finditer(text)]
+
+    def instructions(self, tools: list[dict[str, Any]]) -> str:
+        listed = "\n".join(json.dumps(t) for t in tools)
+        return (
+            "# Tools\n\nYou may call one or more functions to assist with the user query.\n\n"
+            "You are provided with function signatures within <tools></tools> XML tags:\n"
+            f"<tools>\n{listed}\n</tools>\n\n"
+            "For each function call, return a json object with function name and arguments "
+            "within <tool_call></tool_call> XML tags:\n<tool_call>\n"
+            '{"name": <function-name>, "arguments": <args-json-object>}\n</tool_call>'
+        )
+
+
+def _decode(raw: str) -> ParsedCall:
+    try:
+        call = json.loads(raw)
+    except json.JSONDecodeError as e:
+        return ToolCallError(f"invalid JSON in tool call: {e.msg} (column {e.colno})", raw)
+    except RecursionError:
+        return ToolCallError("invalid JSON in tool call: nested too deeply", raw)
+    if not isinstance(call, dict):
+        return ToolCallError(
+            'a tool call must be a JSON object {"name": ..., "arguments": {...}}', raw
+        )
+    name = call.get("name")
+    if not isinstance(name, str) or not name:
+        return ToolCallError('the tool call has no "name" string', raw)
+    arguments = call.get("arguments", call.get("parameters", {}))
+    if isinstance(arguments, str):
+        try:
+            arguments = json.loads(arguments) if arguments.strip() else {}
+        except (json.JSONDecodeError, RecursionError) as e:
+            problem = getattr(e, "msg", "nested too deeply")
+            return ToolCallError(f"invalid JSON in the arguments string: {problem}", raw, name)
+    if not isinstance(arguments, dict):
+        return ToolCallError('"arguments" must be a JSON object of named arguments', raw, name)
+    return ToolCall(name, arguments)
+
+
+_PARSERS: dict[str, ToolCallParser] = {}
+
+
+def register(name: str, parser: ToolCallParser) -> None:
+    """Make ``get(name)`` return ``parser``."""
+    _PARSERS[name] = parser
+
+
+def get(name: str) -> ToolCallParser:
+    """The parser registered as ``name``; ValueError naming the known ones otherwise."""
+    if name not in _PARSERS:
+        raise ValueError(f"unknown tool-call parser {name!r}; known: {', '.join(sorted(_PARSERS))}")
+    return _PARSERS[name]
+
+
+def available() -> list[str]:
+    """Registered parser names, sorted."""
+    return sorted(_PARSERS)
+
+
+register("hermes", HermesParser())

@@ -1,0 +1,59 @@
+"""Model specs to local HF-format directories; nothing is ever downloaded.
+
+Specs: ``smollm2-135m-instruct`` (the default), ``tiny-random`` or ``tiny-random:SEED``,
+or the path of a local HF model directory.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from loomrl.models import smollm2, tiny_random
+from loomrl.models.store import MARKER, build_atomically, loomrl_home, missing_parts, models_dir
+
+DEFAULT_MODEL = "smollm2-135m-instruct"
+NAMED = ("smollm2-135m-instruct", "tiny-random")
+
+__all__ = ["DEFAULT_MODEL", "NAMED", "ModelError", "loomrl_home", "models_dir", "resolve"]
+
+
+class ModelError(ValueError):
+    """A model spec that names no known model or a directory that is not a usable model."""
+
+
+def resolve(spec: str) -> Path:
+    """Return the local directory of ``spec``, preparing a named model on first use."""
+    if spec == "smollm2-135m-instruct":
+        return build_atomically(spec, smollm2.convert, {"source": smollm2.GGUF_NAME})
+    if spec == "tiny-random" or spec.startswith("tiny-random:"):
+        seed = _seed(spec)
+        tokenizer_dir = resolve(DEFAULT_MODEL)
+        return build_atomically(
+            f"tiny-random-seed{seed}",
+            lambda out: tiny_random.build(out, tokenizer_dir, seed),
+            {"source": "random", "seed": seed},
+        )
+    path = Path(spec).expanduser()
+    if path.is_dir():
+        missing = missing_parts(path)
+        if missing:
+            raise ModelError(f"model directory {spec!r} is missing: {', '.join(missing)}")
+        return path.resolve()
+    raise ModelError(
+        f"unknown model {spec!r}: expected one of {', '.join(NAMED)}, 'tiny-random:SEED', "
+        "or the path of a local Hugging Face model directory (models are never downloaded)"
+    )
+
+
+def is_prepared(name: str) -> bool:
+    """Whether a named model is already converted in the cache (no work is started)."""
+    return (models_dir() / name / MARKER).is_file()
+
+
+def _seed(spec: str) -> int:
+    if spec == "tiny-random":
+        return 0
+    raw = spec.split(":", 1)[1]
+    if not raw.isdigit():
+        raise ModelError(f"model spec {spec!r}: the seed after 'tiny-random:' must be an integer")
+    return int(raw)

@@ -1,0 +1,76 @@
+"""Where prepared models live, and how a model directory is built without ever
+leaving a half-written one behind.
+
+A build runs in a temporary sibling directory and is renamed into place only when it
+is complete, under a file lock so two processes never convert the same model twice.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import json
+import os
+import shutil
+import tempfile
+from collections.abc import Callable
+from pathlib import Path
+
+MARKER = "loomrl-model.json"
+
+
+def loomrl_home() -> Path:
+    """``$LOOMRL_HOME`` or ``~/.cache/loomrl``."""
+    return Path(os.environ.get("LOOMRL_HOME") or Path.home() / ".cache" / "loomrl")
+
+
+def models_dir() -> Path:
+    return loomrl_home() / "models"
+
+
+def missing_parts(path: Path) -> list[str]:
+    """What an HF causal-LM directory lacks to be loaded by transformers and vLLM."""
+    missing = []
+    if not (path / "config.json").is_file():
+        missing.append("config.json")
+    if not any(path.glob("*.safetensors")) and not any(path.glob("*.bin")):
+        missing.append("weights (*.safetensors or *.bin)")
+    if not (path / "tokenizer.json").is_file() and not (path / "tokenizer.model").is_file():
+        missing.append("tokenizer (tokenizer.json or tokenizer.model)")
+    if not (path / "tokenizer_config.json").is_file():
+        missing.append("tokenizer_config.json")
+    return missing
+
+
+def build_atomically(name: str, build: Callable[[Path], None], meta: dict[str, object]) -> Path:
+    """Return ``models_dir()/name``, calling ``build(tmp_dir)`` first if it is not there.
+
+    ``build`` writes a complete model into the empty directory it is given. The marker
+    file is written last and the directory renamed into place, so the final path exists
+    only when complete; a killed build leaves a ``.tmp-NAME@*`` directory that the next build
+    removes.
+    """
+    final = models_dir() / name
+    if (final / MARKER).is_file():
+        return final
+    final.parent.mkdir(parents=True, exist_ok=True)
+    with open(final.parent / f".{name}.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if (final / MARKER).is_file():  # another process finished while we waited
+            return final
+        for stale in final.parent.glob(f".tmp-{name}@*"):
+            shutil.rmtree(stale, ignore_errors=True)
+        if final.exists():  # a directory without a marker is not ours to trust
+            shutil.rmtree(final)
+        tmp = Path(tempfile.mkdtemp(prefix=f".tmp-{name}@", dir=final.parent))
+        try:
+            build(tmp)
+            problems = missing_parts(tmp)
+            if problems:
+                raise RuntimeError(f"building model {name!r} left out: {', '.join(problems)}")
+            (tmp / MARKER).write_text(json.dumps(meta, indent=2))
+            tmp.chmod(0o755)  # mkdtemp makes it private; the cache is shared like any other
+            os.rename(tmp, final)
+        except BaseException:
+            shutil.rmtree(tmp, ignore_errors=True)
+            raise
+    return final

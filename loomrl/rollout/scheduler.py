@@ -1,0 +1,205 @@
+"""``rollout``: many trajectories at once, with no turn barrier.
+
+Each trajectory is its own task; a finished turn's env step starts at once, concurrently
+with decoding of other trajectories and with other env steps. A semaphore caps the
+trajectories in flight, and tasks are created only as slots free up, so memory stays
+bounded for any number of examples. ``mode="turn_sync"`` runs the turn-synchronous
+baseline instead: waves of ``concurrency`` trajectories in which every turn waits for the
+slowest generation and then for the slowest env step.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+import uuid
+from collections.abc import Callable, Iterable, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any, Literal
+
+from loomrl.engines.base import Engine
+from loomrl.envs import load as load_env
+from loomrl.envs.base import Environment, EnvState
+from loomrl.rollout.barrier import TurnBarrier
+from loomrl.rollout.context import RolloutContext
+from loomrl.rollout.metrics import RolloutMetrics, compute_metrics
+from loomrl.rollout.scoring import batches_scores, score
+from loomrl.rollout.turn_loop import run_trajectory
+from loomrl.tokens import ChatTokenizer
+from loomrl.types import SamplingParams, Trajectory
+
+
+class Rollouts(list[Trajectory]):
+    """The trajectories of one call, in input order (``n`` per example), plus its metrics."""
+
+    metrics: RolloutMetrics
+
+    def __init__(self, trajectories: Iterable[Trajectory], metrics: RolloutMetrics) -> None:
+        super().__init__(trajectories)
+        self.metrics = metrics
+
+
+async def rollout(
+    engine: Engine,
+    env: Environment | str,
+    examples: Sequence[dict[str, Any]],
+    *,
+    n: int = 1,
+    sampling: SamplingParams | None = None,
+    max_turns: int | None = None,
+    max_len: int | None = None,
+    concurrency: int = 256,
+    on_error: Literal["raise", "isolate"] = "raise",
+    env_timeout: float | None = None,
+    mode: Literal["continuous", "turn_sync"] = "continuous",
+    chat: ChatTokenizer | None = None,
+    env_workers: int = 64,
+    first_group_id: int = 0,
+    on_trajectory: Callable[[Trajectory], None] | None = None,
+) -> Rollouts:
+    """Roll out every example ``n`` times; return the trajectories in input order.
+
+    ``max_turns`` defaults to the environment's, ``max_len`` (prompt + completion tokens)
+    to the engine's context. ``on_error="raise"`` aborts every in-flight request and
+    re-raises the first error; ``"isolate"`` marks that trajectory ``error`` and goes on.
+    ``chat`` defaults to a ``ChatTokenizer`` over ``engine.tokenizer``.
+    """
+    if n < 1 or concurrency < 1 or env_workers < 1:
+        raise ValueError(
+            f"n, concurrency and env_workers must be >= 1, got {n}, {concurrency}, {env_workers}"
+        )
+    if on_error not in ("raise", "isolate"):
+        raise ValueError(f"on_error must be 'raise' or 'isolate', got {on_error!r}")
+    if mode not in ("continuous", "turn_sync"):
+        raise ValueError(f"mode must be 'continuous' or 'turn_sync', got {mode!r}")
+    env = load_env(env) if isinstance(env, str) else env
+    turns = env.max_turns if max_turns is None else max_turns  # 0 is an error, not "unset"
+    if turns < 1:
+        raise ValueError(f"max_turns must be >= 1, got {turns}")
+    if chat is None:
+        tokenizer = getattr(engine, "tokenizer", None)
+        if tokenizer is None:
+            raise ValueError("the engine has no tokenizer; pass chat=ChatTokenizer(tokenizer)")
+        chat = ChatTokenizer(tokenizer)
+    examples = list(examples)
+    limit = engine.max_model_len if max_len is None else min(max_len, engine.max_model_len)
+    ctx = RolloutContext(
+        engine=engine,
+        env=env,
+        chat=chat,
+        sampling=sampling or SamplingParams(),
+        max_turns=turns,
+        max_len=limit,
+        env_timeout=env_timeout,
+        isolate_errors=on_error == "isolate",
+        env_pool=ThreadPoolExecutor(env_workers, thread_name_prefix="loomrl-env"),
+        score_pool=ThreadPoolExecutor(
+            env_workers if env.thread_safe else 1, thread_name_prefix="loomrl-score"
+        ),
+        run_id=uuid.uuid4().hex[:8],
+    )
+    trajs = [
+        Trajectory(
+            example_id=_example_id(example, i),
+            group_id=first_group_id + i,
+            sample_index=s,
+            env=env.name,
+        )
+        for i, example in enumerate(examples)
+        for s in range(n)
+    ]
+    runner = _Runner(ctx, trajs, examples, n, on_trajectory)
+    start = time.perf_counter()
+    try:
+        if mode == "continuous":
+            await runner.run(range(len(trajs)), concurrency)
+        else:
+            for first in range(0, len(trajs), concurrency):
+                wave = range(first, min(first + concurrency, len(trajs)))
+                ctx.barrier = TurnBarrier(len(wave))
+                await runner.run(wave, len(wave))
+    finally:
+        ctx.env_pool.shutdown(wait=False, cancel_futures=True)
+        ctx.score_pool.shutdown(wait=False, cancel_futures=True)
+    return Rollouts(trajs, compute_metrics(trajs, n, time.perf_counter() - start))
+
+
+def rollout_sync(*args: Any, **kwargs: Any) -> Rollouts:
+    """``rollout`` for code without an event loop (same arguments)."""
+    return asyncio.run(rollout(*args, **kwargs))
+
+
+class _Runner:
+    """Runs trajectory tasks under a width cap and stops everything on the first error."""
+
+    def __init__(
+        self,
+        ctx: RolloutContext,
+        trajs: list[Trajectory],
+        examples: list[dict[str, Any]],
+        n: int,
+        on_trajectory: Callable[[Trajectory], None] | None,
+    ) -> None:
+        self.ctx, self.trajs, self.examples, self.n = ctx, trajs, examples, n
+        self.on_trajectory = on_trajectory
+        self.by_group = batches_scores(ctx.env)
+        self.states: dict[int, EnvState | None] = {}
+        self.failure: BaseException | None = None
+
+    async def run(self, indices: Iterable[int], width: int) -> None:
+        slots = asyncio.Semaphore(width)
+        tasks: set[asyncio.Task[None]] = set()
+
+        def finished(task: asyncio.Task[None]) -> None:
+            slots.release()
+            tasks.discard(task)
+            if not task.cancelled() and task.exception() is not None and self.failure is None:
+                self.failure = task.exception()
+
+        for index in indices:
+            await slots.acquire()
+            if self.failure is not None:
+                break
+            task = asyncio.create_task(self._one(index))
+            tasks.add(task)
+            task.add_done_callback(finished)
+        while tasks and self.failure is None:
+            await asyncio.wait(set(tasks), return_when=asyncio.FIRST_EXCEPTION)
+        if self.failure is not None:
+            await self._stop(tasks)
+            raise self.failure
+
+    async def _stop(self, tasks: set[asyncio.Task[None]]) -> None:
+        """Cancel every trajectory and abort what is still running in the engine."""
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        if self.ctx.in_flight:
+            await self.ctx.engine.abort(list(self.ctx.in_flight))
+
+    async def _one(self, index: int) -> None:
+        traj = self.trajs[index]
+        state = await run_trajectory(self.ctx, traj, self.examples[index // self.n])
+        if not self.by_group:
+            await score(self.ctx, [traj], [state])
+            self._report([traj])
+            return
+        self.states[index] = state
+        first = index - index % self.n
+        members = range(first, first + self.n)
+        if all(i in self.states for i in members):
+            states = [self.states.pop(i) for i in members]
+            group = self.trajs[first : first + self.n]
+            await score(self.ctx, group, states)
+            self._report(group)
+
+    def _report(self, trajs: list[Trajectory]) -> None:
+        if self.on_trajectory is not None:
+            for traj in trajs:
+                self.on_trajectory(traj)
+
+
+def _example_id(example: dict[str, Any], index: int) -> int:
+    """The example's integer ``id`` when it has one, else its position in the input."""
+    value = example.get("id")
+    return value if isinstance(value, int) and not isinstance(value, bool) else index

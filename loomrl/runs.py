@@ -1,0 +1,108 @@
+"""Run directories: ``config.toml``, ``trajectories.parquet``, ``metrics.json``, ``report.md``.
+
+The Parquet schema is public and stable: one row per trajectory, columns as in
+``TRAJECTORY_SCHEMA`` (documented in docs/parquet.md). New columns are only ever added
+at the end.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable, Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+import tomli_w
+
+from loomrl.types import Trajectory
+
+TRAJECTORY_SCHEMA = pa.schema(
+    [
+        ("example_id", pa.int64()),
+        ("group_id", pa.int64()),
+        ("sample_index", pa.int32()),
+        ("env", pa.string()),
+        ("prompt_ids", pa.list_(pa.int32())),
+        ("completion_ids", pa.list_(pa.int32())),
+        ("logprobs", pa.list_(pa.float32())),
+        ("loss_mask", pa.list_(pa.int8())),
+        ("reward", pa.float64()),
+        ("reward_components", pa.string()),
+        ("turns", pa.int32()),
+        ("status", pa.string()),
+        ("messages", pa.string()),
+        ("policy_version", pa.int64()),
+        ("num_prompt_tokens", pa.int32()),
+        ("num_completion_tokens", pa.int32()),
+        ("num_env_tokens", pa.int32()),
+        ("error", pa.string()),
+    ]
+)
+
+
+def trajectory_table(trajs: Sequence[Trajectory]) -> pa.Table:
+    columns: dict[str, list[Any]] = {
+        "example_id": [t.example_id for t in trajs],
+        "group_id": [t.group_id for t in trajs],
+        "sample_index": [t.sample_index for t in trajs],
+        "env": [t.env for t in trajs],
+        "prompt_ids": [t.prompt_ids for t in trajs],
+        "completion_ids": [t.completion_ids for t in trajs],
+        "logprobs": [t.logprobs for t in trajs],
+        "loss_mask": [t.loss_mask for t in trajs],
+        "reward": [t.reward for t in trajs],
+        "reward_components": [json.dumps(t.reward_components) for t in trajs],
+        "turns": [t.turns for t in trajs],
+        "status": [str(t.status) for t in trajs],
+        "messages": [json.dumps(t.messages, ensure_ascii=False) for t in trajs],
+        "policy_version": [t.policy_version for t in trajs],
+        "num_prompt_tokens": [t.num_prompt_tokens for t in trajs],
+        "num_completion_tokens": [t.num_completion_tokens for t in trajs],
+        "num_env_tokens": [t.num_env_tokens for t in trajs],
+        "error": [t.error for t in trajs],
+    }
+    return pa.Table.from_pydict(columns, schema=TRAJECTORY_SCHEMA)
+
+
+def write_trajectories(path: Path, trajs: Sequence[Trajectory]) -> None:
+    """Write atomically: readers never see a half-written file."""
+    tmp = path.with_suffix(".parquet.tmp")
+    pq.write_table(trajectory_table(trajs), tmp)
+    tmp.replace(path)
+
+
+def read_trajectories(path: Path | str) -> list[dict[str, Any]]:
+    """Rows of a trajectories file, with JSON columns decoded."""
+    rows = pq.read_table(path).to_pylist()
+    for row in rows:
+        row["reward_components"] = json.loads(row["reward_components"])
+        row["messages"] = json.loads(row["messages"])
+    return rows
+
+
+def write_run(
+    out: Path,
+    trajs: Sequence[Trajectory],
+    metrics: Mapping[str, Any],
+    config: Mapping[str, Any],
+    report_lines: Iterable[str] = (),
+) -> None:
+    """Write a complete run directory."""
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "config.toml").write_text(tomli_w.dumps(_toml_ready(config)))
+    write_trajectories(out / "trajectories.parquet", trajs)
+    (out / "metrics.json").write_text(json.dumps(dict(metrics), indent=2) + "\n")
+    (out / "report.md").write_text("\n".join(report_lines) + "\n")
+
+
+def _toml_ready(value: Any) -> Any:
+    """TOML has no null: drop None values; paths become strings."""
+    if isinstance(value, Mapping):
+        return {str(k): _toml_ready(v) for k, v in value.items() if v is not None}
+    if isinstance(value, list | tuple):
+        return [_toml_ready(v) for v in value]
+    if isinstance(value, Path):
+        return str(value)
+    return value

