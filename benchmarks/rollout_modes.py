@@ -147,7 +147,7 @@ async def measure(args: argparse.Namespace, tokenizer: Any) -> list[tuple[str, s
 async def orchestration(tokenizer: Any, episodes: int) -> float:
     env = PlannedEnv(latency=False)
     examples = env.dataset(episodes, seed=1)
-    engine = ScriptedEngine(lognormal_reply, tokenizer=tokenizer, capacity=10**6)
+    engine = ScriptedEngine(lognormal_reply, tokenizer=tokenizer, capacity=10**6, decode_text=False)
     start = time.perf_counter()
     trajs = await loomrl.rollout(
         engine, env, examples, sampling=SamplingParams(max_tokens=256), concurrency=256,
@@ -189,7 +189,8 @@ def main() -> None:
         rate = asyncio.run(orchestration(tokenizer, 4000))
         lines += [
             "",
-            f"Orchestration with a zero-cost scripted engine: **{rate:,.0f} turns/s** on one core.",
+            f"Orchestration with a zero-cost scripted engine (no text decoding in the fake "
+            f"engine): **{rate:,.0f} turns/s** on one core, 4,000 episodes, concurrency 256.",
         ]
     print("\n".join(lines))
     if args.write:

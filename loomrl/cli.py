@@ -84,7 +84,7 @@ def cmd_envs(_args: argparse.Namespace) -> int:
 
 def cmd_rollout(args: argparse.Namespace) -> int:
     from loomrl.config import RolloutConfig
-    from loomrl.rollout_cli import run_rollout, summary_table
+    from loomrl.rollout_cli import run_rollout, sample_panel, summary_table
 
     overrides = {
         "env": args.env,
@@ -102,6 +102,7 @@ def cmd_rollout(args: argparse.Namespace) -> int:
     }
     config = RolloutConfig.load(args.config, overrides)
     out, results = asyncio.run(run_rollout(config, console))
+    console.print(sample_panel(max(results, key=lambda t: (t.reward, -t.example_id))))
     console.print(summary_table(results.metrics.as_dict(), out))
     console.print(f"wrote {out}/trajectories.parquet, metrics.json, config.toml, report.md")
     return 0

@@ -6,14 +6,16 @@ import time
 from pathlib import Path
 
 from rich.console import Console
+from rich.panel import Panel
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
+from rich.text import Text
 
 from loomrl.config import RolloutConfig
 from loomrl.envs import load as load_env
 from loomrl.rollout import Rollouts, rollout
 from loomrl.runs import write_run
-from loomrl.types import SamplingParams
+from loomrl.types import SamplingParams, Trajectory
 
 
 async def run_rollout(config: RolloutConfig, console: Console) -> tuple[Path, Rollouts]:
@@ -87,6 +89,25 @@ def summary_table(metrics: dict[str, float | int], out: Path) -> Table:
     for key in keys:
         table.add_row(key, _fmt(metrics[key]))
     return table
+
+
+def sample_panel(traj: Trajectory) -> Panel:
+    """One trajectory's conversation as the model saw it, for a quick look at the model."""
+    body = Text()
+    for message in traj.messages:
+        content = (
+            message["content"]
+            if len(message["content"]) <= 400
+            else message["content"][:400] + "..."
+        )
+        style = "bold green" if message["role"] == "assistant" else "bold"
+        body.append(f"{message['role']}: ", style=style)
+        body.append(content + "\n")
+    title = (
+        f"sample: example {traj.example_id}, sample {traj.sample_index}, "
+        f"{traj.turns} turn(s), status {traj.status}, reward {traj.reward:.2f}"
+    )
+    return Panel(body, title=title, title_align="left")
 
 
 def _fmt(value: float | int) -> str:

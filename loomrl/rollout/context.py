@@ -65,6 +65,13 @@ class RolloutContext:
             if not inspect.isawaitable(result):
                 return result
             fn, args = _awaiting, (result,)
+        if self.env_timeout is None:  # no deadline: skip the timeout context's cost
+            result = await (
+                fn(*args)
+                if _is_async(getattr(fn, "__func__", fn))
+                else asyncio.get_running_loop().run_in_executor(pool, fn, *args)
+            )
+            return await result if inspect.isawaitable(result) else result
         try:
             async with asyncio.timeout(self.env_timeout) as deadline:
                 if _is_async(getattr(fn, "__func__", fn)):

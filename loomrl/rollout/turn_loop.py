@@ -65,7 +65,7 @@ async def _play(ctx: RolloutContext, traj: Trajectory, example: dict[str, Any]) 
         if ctx.barrier is not None:
             await ctx.barrier.wait()
         t0 = time.perf_counter()
-        out = await _generate(ctx, traj.prompt_ids + ids, budget, stop)
+        out = await _generate(ctx, traj.prompt_ids + ids, budget, stop, _seed(ctx, traj, turn))
         clock["generate_s"] = clock.get("generate_s", 0.0) + time.perf_counter() - t0
         traj.spans.append((len(ids), len(ids) + len(out.token_ids)))
         traj.span_versions.append(out.policy_version)
@@ -114,16 +114,30 @@ async def _play(ctx: RolloutContext, traj: Trajectory, example: dict[str, Any]) 
     return state
 
 
+def _seed(ctx: RolloutContext, traj: Trajectory, turn: int) -> int | None:
+    """A distinct seed per request, derived from ``sampling.seed``: the ``n`` samples of a
+    group differ, and rerunning a call reproduces every trajectory whatever the schedule."""
+    base = ctx.sampling.seed
+    if base is None:
+        return None
+    return hash((base, traj.group_id, traj.sample_index, turn)) & 0x7FFFFFFF  # ints: stable
+
+
 async def _generate(
-    ctx: RolloutContext, prompt: list[int], budget: int, stop: tuple[str, ...] | None
+    ctx: RolloutContext,
+    prompt: list[int],
+    budget: int,
+    stop: tuple[str, ...] | None,
+    seed: int | None,
 ) -> Completion:
     params = ctx.sampling
-    if budget < params.max_tokens or stop:
+    if budget < params.max_tokens or stop or seed is not None:
         params = replace(
             params,
             max_tokens=min(params.max_tokens, budget),
             min_tokens=min(params.min_tokens, budget),
             stop=params.stop + tuple(stop or ()),
+            seed=seed,
         )
     request_id = ctx.request_id()
     ctx.in_flight.add(request_id)

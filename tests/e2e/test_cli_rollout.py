@@ -23,6 +23,7 @@ def test_cli_rollout_writes_a_complete_run_directory(tmp_path):
     done = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stderr[-3000:]
     assert "rollout summary" in done.stdout
+    assert "sample: example" in done.stdout  # one conversation is shown to the user
     rows = read_trajectories(out / "trajectories.parquet")
     assert len(rows) == 6
     assert set(rows[0]) == set(TRAJECTORY_SCHEMA.names)

@@ -52,7 +52,7 @@ async def test_real_rollouts_keep_the_token_contract(default_engine, env_name, t
         env,
         examples,
         n=2,
-        sampling=SamplingParams(max_tokens=48, temperature=1.0, seed=0),
+        sampling=SamplingParams(max_tokens=48, temperature=1.0, seed=0),  # per-request seeds
         max_len=1024,
         env_timeout=30,
     )
@@ -71,3 +71,7 @@ async def test_real_rollouts_keep_the_token_contract(default_engine, env_name, t
         assert max(r["turns"] for r in rows) > 1, "guess_number should see several turns"
         assert any(r["num_env_tokens"] > 0 for r in rows)
     assert results.metrics.trajectories == 12
+    # Seeded sampling still gives each sample of a group its own completion.
+    for first in range(0, 12, 2):
+        a, b = results[first], results[first + 1]
+        assert a.completion_ids[: a.spans[0][1]] != b.completion_ids[: b.spans[0][1]]

