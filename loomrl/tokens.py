@@ -47,6 +47,18 @@ def fast_decoder(
     return lambda ids: backend.decode(list(ids), skip_special_tokens=skip_special_tokens)
 
 
+def fast_encoder(tokenizer: PreTrainedTokenizerBase) -> Callable[[str], list[int]]:
+    """``tokenizer.encode(text, add_special_tokens=False)`` straight from the Rust backend.
+
+    Falls back to the wrapper for slow tokenizers and for tokenizers whose wrapper edits
+    text before encoding (``do_lower_case`` or similar options set).
+    """
+    backend = getattr(tokenizer, "backend_tokenizer", None)
+    if backend is None or getattr(tokenizer, "do_lower_case", False):
+        return lambda text: tokenizer.encode(text, add_special_tokens=False)
+    return lambda text: backend.encode(text, add_special_tokens=False).ids
+
+
 class TemplateError(ValueError):
     """A chat template (or tokenizer) that the probe cannot cut into exact token pieces."""
 
@@ -166,6 +178,7 @@ class ChatTokenizer:
             )
         self.tokenizer = tokenizer
         self._decode = fast_decoder(tokenizer, skip_special_tokens=False)
+        self._encode = fast_encoder(tokenizer)
         self.chat_template: str = template
         self.template_kwargs = dict(template_kwargs or {})
         self._prompts: LRUCache[Hashable, tuple[int, ...]] = LRUCache(cache_size)
@@ -259,7 +272,7 @@ class ChatTokenizer:
 
     def encode(self, text: str) -> list[int]:
         """Token ids of template text; special tokens come from the text, none are added."""
-        return self.tokenizer.encode(text, add_special_tokens=False)
+        return self._encode(text)
 
     def decode(self, ids: Sequence[int]) -> str:
         """Text of ``ids`` with special tokens kept, so markers stay visible."""

@@ -1,13 +1,42 @@
-"""Shared test setup: the default model's files (its tokenizer is the real tokenizer the
-fast tests use) are prepared once per session, converting them on a fresh machine."""
+"""Shared test setup: the default model's files are prepared once per session (its
+tokenizer is the real tokenizer the fast tests use; a fresh machine converts it first),
+and scripted engines over that tokenizer are closed after each test."""
 
 from __future__ import annotations
 
 import pytest
+from transformers import AutoTokenizer
 
+from loomrl.engines import ScriptedEngine
 from loomrl.models import DEFAULT_MODEL, resolve
+from loomrl.tokens import ChatTokenizer
 
 
 @pytest.fixture(scope="session", autouse=True)
 def default_model_prepared() -> None:
     resolve(DEFAULT_MODEL)
+
+
+@pytest.fixture(scope="session")
+def tokenizer():
+    return AutoTokenizer.from_pretrained(resolve(DEFAULT_MODEL))
+
+
+@pytest.fixture(scope="session")
+def chat(tokenizer) -> ChatTokenizer:
+    return ChatTokenizer(tokenizer)
+
+
+@pytest.fixture
+async def make_engine(tokenizer):
+    """Build ScriptedEngines over the real tokenizer; each is closed after the test."""
+    made: list[ScriptedEngine] = []
+
+    def make(reply=None, **kwargs) -> ScriptedEngine:
+        kwargs.setdefault("tokenizer", tokenizer)
+        made.append(ScriptedEngine(reply, **kwargs))
+        return made[-1]
+
+    yield make
+    for engine in made:
+        await engine.close()

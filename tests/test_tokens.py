@@ -429,3 +429,22 @@ def test_fast_decoder_matches_the_tokenizers_decode(request, which, skip_special
         ids[rng.randrange(len(ids) + 1) : 0] = rng.sample(specials, 1)  # always a special
         expected = tokenizer.decode(ids, skip_special_tokens=skip_special_tokens)
         assert decode(ids) == expected
+
+
+@pytest.mark.parametrize("which", ["base_tokenizer", "qwen_tokenizer"])
+def test_fast_encoder_matches_the_tokenizers_encode(request, which):
+    """The Rust fast path must give exactly transformers' ids (the naive reference)."""
+    import random
+
+    from loomrl.tokens import fast_encoder
+
+    tokenizer = request.getfixturevalue(which)
+    encode = fast_encoder(tokenizer)
+    rng = random.Random(1)
+    pieces = ["<|im_start|>", "<|im_end|>", "<think>", "</think>", "user", "\n", " ", "é"]
+    pieces += ["Hello", " world", "42", "  ", "\t", "ünï", "😀", "assistant", "<tool_call>"]
+    texts = ["", "<|im_start|>system\nYou are SmolLM.<|im_end|>\n<|im_start|>assistant\n"]
+    for _ in range(300):
+        texts.append("".join(rng.choice(pieces) for _ in range(rng.randrange(1, 30))))
+    for text in texts:
+        assert encode(text) == tokenizer.encode(text, add_special_tokens=False), text

@@ -23,6 +23,8 @@ from loomrl.tokens import fast_decoder
 from loomrl.types import Completion, FinishReason, SamplingParams
 
 Reply = str | Sequence[int]
+# Deterministic negative logprobs (a fixed pattern; their values carry no meaning).
+_LOGPROBS = [-0.01 * (1 + i % 97) for i in range(4096)]
 ReplyFn = Callable[[Sequence[int], SamplingParams], Reply]
 
 
@@ -207,6 +209,12 @@ class ScriptedEngine:
     ) -> tuple[list[int], FinishReason, str | int | None]:
         """Cut a scripted reply the way a real engine's stop checks would."""
         floor = params.min_tokens
+        if not (params.stop or params.stop_token_ids or floor):
+            # Fast path (no stop strings, stop ids or min_tokens): only EOS can end early.
+            head = ids[:budget]
+            if self.eos_token_id in head and not params.ignore_eos:
+                return ids[: head.index(self.eos_token_id) + 1], "stop", None
+            return (ids[:budget], "length", None) if len(ids) >= budget else (ids, "stop", None)
         for i, token in enumerate(ids[:budget]):
             if i + 1 <= floor:
                 continue
@@ -238,7 +246,11 @@ class ScriptedEngine:
         finish: FinishReason,
         stop_reason: str | int | None,
     ) -> Completion:
-        logprobs = [-0.01 * (1 + (t + i) % 97) for i, t in enumerate(tokens)]
+        logprobs = (
+            _LOGPROBS[: len(tokens)]
+            if len(tokens) <= len(_LOGPROBS)
+            else [_LOGPROBS[i % len(_LOGPROBS)] for i in range(len(tokens))]
+        )
         return Completion(
             token_ids=tokens,
             logprobs=logprobs,

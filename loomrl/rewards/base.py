@@ -21,6 +21,7 @@ from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol, runtime_checkable
 
+from loomrl.aio import gather_or_cancel
 from loomrl.envs.base import EnvState, Message
 
 RewardFn = Callable[["RewardSample"], "float | bool | Awaitable[float | bool]"]
@@ -190,18 +191,6 @@ class PerSample:
 
     def __repr__(self) -> str:
         return f"per_sample({self.name!r})"
-
-
-async def gather_or_cancel(coros: Sequence[Awaitable[Any]]) -> list[Any]:
-    """Gather; on the first error cancel the rest and raise that error."""
-    tasks = [asyncio.ensure_future(c) for c in coros]
-    try:
-        return list(await asyncio.gather(*tasks))
-    except BaseException:
-        for task in tasks:
-            task.cancel()
-        await asyncio.gather(*tasks, return_exceptions=True)
-        raise
 
 
 def per_sample(fn: RewardFn, name: str | None = None, *, executor: Any = None) -> PerSample:

@@ -25,8 +25,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Literal
 
+from loomrl.aio import gather_or_cancel
 from loomrl.engines.base import Engine
-from loomrl.rewards.base import RewardError, RewardSample, gather_or_cancel
+from loomrl.rewards.base import RewardError, RewardSample
 from loomrl.tokens import ChatTokenizer
 from loomrl.types import SamplingParams
 

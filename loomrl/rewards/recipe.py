@@ -19,6 +19,7 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping, Sequence
 
+from loomrl.aio import gather_or_cancel
 from loomrl.rewards.base import (
     RewardError,
     RewardSample,
@@ -27,7 +28,6 @@ from loomrl.rewards.base import (
     Scorer,
     call_fn,
     check_scores,
-    gather_or_cancel,
 )
 from loomrl.rewards.registry import load
 

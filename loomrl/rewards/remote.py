@@ -41,7 +41,8 @@ from typing import Any
 from urllib.error import HTTPError, URLError
 from urllib.parse import urlsplit
 
-from loomrl.rewards.base import RewardError, RewardSample, gather_or_cancel
+from loomrl.aio import gather_or_cancel
+from loomrl.rewards.base import RewardError, RewardSample
 
 RETRY_STATUS = frozenset({408, 425, 429, 500, 502, 503, 504})
 MAX_RESPONSE_BYTES = 16 * 1024 * 1024

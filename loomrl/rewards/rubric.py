@@ -24,6 +24,7 @@ from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import Executor
 from typing import Any
 
+from loomrl.aio import gather_or_cancel
 from loomrl.envs.base import Environment, EnvState
 from loomrl.rewards.base import (
     RewardError,
@@ -33,7 +34,6 @@ from loomrl.rewards.base import (
     Scorer,
     as_score,
     call_fn,
-    gather_or_cancel,
 )
 
 Term = RewardFn | tuple[RewardFn, float]

@@ -4,10 +4,10 @@
 
 from __future__ import annotations
 
-import asyncio
 import time
 from collections.abc import Sequence
 
+from loomrl.aio import gather_or_cancel
 from loomrl.envs.base import Environment, EnvState, split_score
 from loomrl.rollout.context import EnvTimeout, RolloutContext
 from loomrl.types import Status, Trajectory
@@ -38,7 +38,7 @@ async def score(
                     f"for {len(todo)} states"
                 )
         else:
-            results = await _all_or_nothing([ctx.score_call(ctx.env.score, s) for _, s in todo])
+            results = await gather_or_cancel([ctx.score_call(ctx.env.score, s) for _, s in todo])
         parsed = [split_score(r) for r in results]
     except EnvTimeout as exc:  # a slow scorer is a timeout, as a slow step is: never raised
         for traj, _ in todo:
@@ -54,15 +54,3 @@ async def score(
     for (traj, _), (reward, components) in zip(todo, parsed, strict=True):
         traj.reward, traj.reward_components = reward, components
         traj.timings["score_s"] = elapsed
-
-
-async def _all_or_nothing(coros: list) -> list:
-    """Gather, but on the first error cancel the rest and raise that error."""
-    tasks = [asyncio.ensure_future(c) for c in coros]
-    try:
-        return list(await asyncio.gather(*tasks))
-    except BaseException:
-        for task in tasks:
-            task.cancel()
-        await asyncio.gather(*tasks, return_exceptions=True)
-        raise

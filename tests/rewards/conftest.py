@@ -1,5 +1,5 @@
-"""Fixtures for the reward tests: the real default tokenizer, scripted engines, a tiny
-random sequence classifier saved to disk, and a real HTTP reward server on loopback."""
+"""Fixtures for the reward tests: a tiny random sequence classifier saved to disk and a
+real HTTP reward server on loopback (the tokenizer and engines come from tests/conftest)."""
 
 from __future__ import annotations
 
@@ -16,37 +16,7 @@ from typing import Any
 
 import pytest
 import torch
-from transformers import AutoTokenizer, LlamaConfig, LlamaForSequenceClassification
-
-from loomrl.engines import ScriptedEngine
-from loomrl.models import resolve
-from loomrl.tokens import ChatTokenizer
-
-
-@pytest.fixture(scope="session")
-def tokenizer():
-    return AutoTokenizer.from_pretrained(resolve("smollm2-135m-instruct"))
-
-
-@pytest.fixture(scope="session")
-def chat(tokenizer) -> ChatTokenizer:
-    return ChatTokenizer(tokenizer)
-
-
-@pytest.fixture
-async def make_engine(tokenizer):
-    """Build ScriptedEngines over the real tokenizer; each is closed after the test."""
-    made: list[ScriptedEngine] = []
-
-    def make(reply=None, **kwargs) -> ScriptedEngine:
-        kwargs.setdefault("tokenizer", tokenizer)
-        made.append(ScriptedEngine(reply, **kwargs))
-        return made[-1]
-
-    yield make
-    for engine in made:
-        await engine.close()
-
+from transformers import LlamaConfig, LlamaForSequenceClassification
 
 # -- a tiny sequence classifier ------------------------------------------------------------
 

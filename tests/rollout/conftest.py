@@ -1,6 +1,5 @@
-"""Shared fixtures for the rollout tests: the real default tokenizer, scripted engines that
-are closed after each test, and the token contract every finished trajectory must meet.
-"""
+"""Fixtures for the rollout tests: reading a prompt's question and turn, and the token
+contract every finished trajectory must meet (tokenizer and engines: tests/conftest)."""
 
 from __future__ import annotations
 
@@ -8,40 +7,12 @@ import re
 from collections.abc import Sequence
 
 import pytest
-from transformers import AutoTokenizer
 
-from loomrl.engines import ScriptedEngine
-from loomrl.models import resolve
-from loomrl.tokens import ChatTokenizer, verify
+from loomrl.tokens import verify
 from loomrl.types import Trajectory
 
 IM_END = "<|im_end|>"
 ASSISTANT_HEADER = "<|im_start|>assistant\n"
-
-
-@pytest.fixture(scope="session")
-def tokenizer():
-    return AutoTokenizer.from_pretrained(resolve("smollm2-135m-instruct"))
-
-
-@pytest.fixture(scope="session")
-def chat(tokenizer) -> ChatTokenizer:
-    return ChatTokenizer(tokenizer)
-
-
-@pytest.fixture
-async def make_engine(tokenizer):
-    """Build ScriptedEngines over the real tokenizer; each is closed after the test."""
-    made: list[ScriptedEngine] = []
-
-    def make(reply=None, **kwargs) -> ScriptedEngine:
-        kwargs.setdefault("tokenizer", tokenizer)
-        made.append(ScriptedEngine(reply, **kwargs))
-        return made[-1]
-
-    yield make
-    for engine in made:
-        await engine.close()
 
 
 @pytest.fixture
