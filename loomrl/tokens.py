@@ -15,9 +15,11 @@ template yields it, and a template that cannot be cut that way fails loudly.
 from __future__ import annotations
 
 from collections import OrderedDict
-from collections.abc import Callable, Hashable, Mapping, Sequence
+from collections.abc import Hashable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Generic, TypeVar
+
+from loomrl.codec import fast_decoder, fast_encoder
 
 if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerBase
@@ -30,33 +32,6 @@ CONTEXT_PROBE = "LoomrlContext3b9a"
 
 K = TypeVar("K", bound=Hashable)
 V = TypeVar("V")
-
-
-def fast_decoder(
-    tokenizer: PreTrainedTokenizerBase, *, skip_special_tokens: bool
-) -> Callable[[Sequence[int]], str]:
-    """``tokenizer.decode`` without transformers' per-call Python checks (~10x faster).
-
-    Fast tokenizers decode in Rust; the wrapper around it costs more than the decode
-    itself in the turn loop. Falls back to ``tokenizer.decode`` where the result could
-    differ (slow tokenizers, space clean-up).
-    """
-    backend = getattr(tokenizer, "backend_tokenizer", None)
-    if backend is None or getattr(tokenizer, "clean_up_tokenization_spaces", False):
-        return lambda ids: tokenizer.decode(list(ids), skip_special_tokens=skip_special_tokens)
-    return lambda ids: backend.decode(list(ids), skip_special_tokens=skip_special_tokens)
-
-
-def fast_encoder(tokenizer: PreTrainedTokenizerBase) -> Callable[[str], list[int]]:
-    """``tokenizer.encode(text, add_special_tokens=False)`` straight from the Rust backend.
-
-    Falls back to the wrapper for slow tokenizers and for tokenizers whose wrapper edits
-    text before encoding (``do_lower_case`` or similar options set).
-    """
-    backend = getattr(tokenizer, "backend_tokenizer", None)
-    if backend is None or getattr(tokenizer, "do_lower_case", False):
-        return lambda text: tokenizer.encode(text, add_special_tokens=False)
-    return lambda text: backend.encode(text, add_special_tokens=False).ids
 
 
 class TemplateError(ValueError):

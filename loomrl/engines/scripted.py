@@ -18,8 +18,8 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from loomrl.codec import fast_decoder
 from loomrl.engines.base import check_prompt, tokens_left
-from loomrl.tokens import fast_decoder
 from loomrl.types import Completion, FinishReason, SamplingParams
 
 Reply = str | Sequence[int]

@@ -22,6 +22,7 @@ from loomrl.envs import load as load_env
 from loomrl.envs.base import Environment, EnvState
 from loomrl.rollout.barrier import TurnBarrier
 from loomrl.rollout.context import RolloutContext
+from loomrl.rollout.gc_pacing import fewer_collections
 from loomrl.rollout.metrics import RolloutMetrics, compute_metrics
 from loomrl.rollout.scoring import batches_scores, score
 from loomrl.rollout.turn_loop import run_trajectory
@@ -110,17 +111,18 @@ async def rollout(
     ]
     runner = _Runner(ctx, trajs, examples, n, on_trajectory)
     start = time.perf_counter()
-    try:
-        if mode == "continuous":
-            await runner.run(range(len(trajs)), concurrency)
-        else:
-            for first in range(0, len(trajs), concurrency):
-                wave = range(first, min(first + concurrency, len(trajs)))
-                ctx.barrier = TurnBarrier(len(wave))
-                await runner.run(wave, len(wave))
-    finally:
-        ctx.env_pool.shutdown(wait=False, cancel_futures=True)
-        ctx.score_pool.shutdown(wait=False, cancel_futures=True)
+    with fewer_collections():
+        try:
+            if mode == "continuous":
+                await runner.run(range(len(trajs)), concurrency)
+            else:
+                for first in range(0, len(trajs), concurrency):
+                    wave = range(first, min(first + concurrency, len(trajs)))
+                    ctx.barrier = TurnBarrier(len(wave))
+                    await runner.run(wave, len(wave))
+        finally:
+            ctx.env_pool.shutdown(wait=False, cancel_futures=True)
+            ctx.score_pool.shutdown(wait=False, cancel_futures=True)
     return Rollouts(trajs, compute_metrics(trajs, n, time.perf_counter() - start))
 
 
