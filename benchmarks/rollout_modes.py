@@ -15,7 +15,8 @@ batching cost model fitted to vLLM on this CPU (slowed by --time-scale); with
 ``--engine vllm`` it is the real engine and default model (natural turn lengths).
 A last run measures pure orchestration: turns/s with a zero-cost scripted engine.
 
-    python benchmarks/rollout_modes.py [--engine scripted|vllm] [--episodes N] [--write]
+    python benchmarks/rollout_modes.py [--engine scripted|vllm] [--episodes N] [--concurrency C]
+        [--write]
 """
 
 from __future__ import annotations
@@ -131,7 +132,7 @@ async def measure(args: argparse.Namespace, tokenizer: Any) -> list[tuple[str, s
             chat = ChatTokenizer(tokenizer)
             start = time.perf_counter()
             trajs = await loomrl.rollout(
-                eng, env, examples, sampling=sampling, concurrency=64, mode=mode,
+                eng, env, examples, sampling=sampling, concurrency=args.concurrency, mode=mode,
                 chat=chat, max_len=4096,
             )  # fmt: skip
             results[mode] = (time.perf_counter() - start, trajs)
@@ -140,7 +141,7 @@ async def measure(args: argparse.Namespace, tokenizer: Any) -> list[tuple[str, s
         _, trajs = results["continuous"]
         turns = sum(t.turns for t in trajs)
         limit_engine = engine or scripted(forced_reply, tokenizer, args.time_scale)
-        limit = await engine_only(limit_engine, trajs, 64)
+        limit = await engine_only(limit_engine, trajs, args.concurrency)
         await limit_engine.close()
         for mode, (seconds, _t) in results.items():
             rows.append((label, mode, seconds, turns))
@@ -167,6 +168,7 @@ def main() -> None:
     parser.add_argument("--engine", choices=["scripted", "vllm"], default="scripted")
     parser.add_argument("--model", default="smollm2-135m-instruct")
     parser.add_argument("--episodes", type=int, default=256)
+    parser.add_argument("--concurrency", type=int, default=64, help="trajectories in flight")
     parser.add_argument("--time-scale", type=float, default=0.1, help="scripted cost multiplier")
     parser.add_argument("--write", action="store_true")
     args = parser.parse_args()
@@ -178,7 +180,7 @@ def main() -> None:
     lines = [
         f"Engine `{args.engine}`"
         + (f" (cost model x{args.time_scale})" if args.engine == "scripted" else f" `{args.model}`")
-        + f", {args.episodes} episodes of 1-8 turns, concurrency 64.",
+        + f", {args.episodes} episodes of 1-8 turns, concurrency {args.concurrency}.",
         "",
         "| env latency | schedule | wall s | turns/s | vs turn_sync | vs engine-only |",
         "|---|---|---:|---:|---:|---:|",

@@ -108,6 +108,26 @@ def cmd_rollout(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_experience(args: argparse.Namespace) -> int:
+    from loomrl.experience.files import parse_options, run_experience
+
+    with console.status(f"computing {args.estimator} advantages for {args.run_dir}"):
+        path, stats = run_experience(
+            args.run_dir, args.estimator, parse_options(args.option),
+            drop_zero_variance=args.drop_zero_variance, out=args.out,
+        )  # fmt: skip
+    table = Table(title=f"experience ({args.estimator})")
+    table.add_column("stat")
+    table.add_column("value", justify="right")
+    for key, value in stats.items():
+        if key not in ("source", "estimator"):
+            shown = f"{value:.4g}" if isinstance(value, float) else str(value)
+            table.add_row(key, shown)
+    console.print(table)
+    console.print(f"wrote {path} and {path.parent / 'experience_stats.json'}")
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="loomrl", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
@@ -148,6 +168,19 @@ def build_parser() -> argparse.ArgumentParser:
     roll.add_argument("--mode", choices=["continuous", "turn_sync"])
     roll.add_argument("--out", type=Path, help="run directory (default runs/rollout-TIME)")
     roll.set_defaults(func=cmd_rollout)
+
+    exp = sub.add_parser("experience", help="advantages for a run's trajectories (Parquet)")
+    exp.add_argument("run_dir", type=Path, metavar="RUN_DIR", help="a `loomrl rollout` run dir")
+    exp.add_argument("--estimator", default="grpo", help="grpo, rloo, reinforce_pp, ...")
+    exp.add_argument(
+        "--option", action="append", default=[], metavar="KEY=VALUE",
+        help="estimator option, repeatable (e.g. --option scale=none)",
+    )  # fmt: skip
+    exp.add_argument(
+        "--drop-zero-variance", action="store_true", help="drop groups whose rewards all agree"
+    )
+    exp.add_argument("--out", type=Path, help="output directory (default RUN_DIR)")
+    exp.set_defaults(func=cmd_experience)
     return parser
 
 

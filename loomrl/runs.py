@@ -8,6 +8,7 @@ at the end.
 from __future__ import annotations
 
 import json
+import math
 from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -16,7 +17,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import tomli_w
 
-from loomrl.types import Trajectory
+from loomrl.types import Status, Trajectory
 
 TRAJECTORY_SCHEMA = pa.schema(
     [
@@ -80,6 +81,69 @@ def read_trajectories(path: Path | str) -> list[dict[str, Any]]:
         row["reward_components"] = json.loads(row["reward_components"])
         row["messages"] = json.loads(row["messages"])
     return rows
+
+
+def load_trajectories(path: Path | str) -> list[Trajectory]:
+    """A trajectories file as ``Trajectory`` records, each row checked first.
+
+    Spans are the runs of 1s in ``loss_mask`` and every span gets the row's
+    ``policy_version`` (the file keeps the oldest version only). A malformed row raises
+    ``ValueError`` naming the row and the problem; nothing is repaired silently.
+    """
+    trajs = []
+    for i, row in enumerate(read_trajectories(path)):
+        where = f"{path}: row {i} (example {row.get('example_id')})"
+        problem = _row_problem(row)
+        if problem:
+            raise ValueError(f"{where}: {problem}")
+        spans = _mask_runs(row["loss_mask"])
+        trajs.append(
+            Trajectory(
+                example_id=row["example_id"], group_id=row["group_id"],
+                sample_index=row["sample_index"], env=row["env"],
+                prompt_ids=row["prompt_ids"], completion_ids=row["completion_ids"],
+                logprobs=row["logprobs"], loss_mask=row["loss_mask"],
+                messages=row["messages"], spans=spans,
+                span_versions=[row["policy_version"]] * len(spans), turns=row["turns"],
+                status=Status(row["status"]), reward=row["reward"],
+                reward_components=row["reward_components"], error=row["error"],
+            )
+        )  # fmt: skip
+    return trajs
+
+
+def _row_problem(row: Mapping[str, Any]) -> str | None:
+    ids, lps, mask = row["completion_ids"], row["logprobs"], row["loss_mask"]
+    if ids is None or lps is None or mask is None or row["prompt_ids"] is None:
+        return "prompt_ids, completion_ids, logprobs and loss_mask must not be null"
+    if not len(ids) == len(lps) == len(mask):
+        return f"{len(ids)} completion_ids, {len(lps)} logprobs and {len(mask)} loss_mask bits"
+    if any(bit not in (0, 1) for bit in mask):
+        return f"loss_mask has values other than 0 and 1: {sorted(set(mask) - {0, 1})}"
+    if row["status"] not in Status.__members__.values():
+        return f"unknown status {row['status']!r}; known: {[str(s) for s in Status]}"
+    pairs = list(enumerate(zip(lps, mask, strict=True)))
+    bad = [j for j, (lp, bit) in pairs if bit and not -math.inf < lp <= 0]
+    if bad:
+        return f"logprob > 0, -inf or NaN under mask 1 at completion positions {bad[:5]}"
+    glue = [j for j, (lp, bit) in pairs if not bit and lp != 0]
+    if glue:
+        return f"logprob must be 0.0 on environment tokens (mask 0), not at positions {glue[:5]}"
+    failed = row["status"] in (Status.ERROR, Status.ENV_TIMEOUT, Status.ABORTED)
+    if not failed and (row["reward"] is None or row["reward"] != row["reward"]):
+        return f"reward is {row['reward']!r}; a trajectory to train on needs a number"
+    return None
+
+
+def _mask_runs(mask: Sequence[int]) -> list[tuple[int, int]]:
+    runs, start = [], None
+    for j, bit in enumerate([*mask, 0]):
+        if bit == 1 and start is None:
+            start = j
+        elif bit != 1 and start is not None:
+            runs.append((start, j))
+            start = None
+    return runs
 
 
 def write_run(

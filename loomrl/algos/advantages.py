@@ -99,6 +99,12 @@ def accepted_inputs(name: str) -> tuple[str, ...]:
     return tuple(inspect.signature(_lookup(name)).parameters)
 
 
+def required_inputs(name: str) -> tuple[str, ...]:
+    """The keyword inputs estimator ``name`` cannot run without (no default)."""
+    params = inspect.signature(_lookup(name)).parameters.values()
+    return tuple(p.name for p in params if p.default is inspect.Parameter.empty)
+
+
 def compute(name: str, **inputs: Any) -> AdvantageOutput:
     """Run the estimator registered as ``name`` on keyword ``inputs`` (no autograd).
 

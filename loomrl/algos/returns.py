@@ -12,8 +12,8 @@ tokens*, not positions, and the value of the next model token bootstraps across 
 environment turn. Mask-0 positions output 0 and their inputs (rewards, values, even NaN)
 are never read into a result.
 
-Vectorised over the batch with a Python loop over ``T`` (reverse time); ``γ = 1`` returns
-use a reverse cumulative sum instead (no loop).
+Vectorised over the batch with a Python loop over ``T`` (reverse time) on time-major
+copies; ``γ = 1`` returns use a reverse cumulative sum instead (no loop).
 """
 
 from __future__ import annotations
@@ -31,6 +31,12 @@ def _check(name: str, x: Tensor, mask: Tensor) -> None:
         )
 
 
+def _time_major(x: Tensor) -> Tensor:
+    """``[B, T]`` -> contiguous ``[T, B]``: the loops below read one time step per
+    iteration, a strided gather in row-major layout (4-5x slower at 100k rows)."""
+    return x.t().contiguous()
+
+
 def discounted_returns(token_rewards: Tensor, mask: Tensor, gamma: float = 1.0) -> Tensor:
     """Reward-to-go over model tokens: ``G_t = r_t + γ · G_{next(t)}``, ``G = 0`` past the end.
 
@@ -44,13 +50,15 @@ def discounted_returns(token_rewards: Tensor, mask: Tensor, gamma: float = 1.0) 
         # Σ_{s ≥ t} r_s by reverse cumulative sum; mask-0 rewards are already 0.
         g = r.flip(1).cumsum(1).flip(1)
         return torch.where(m, g, torch.zeros_like(g))
-    out = torch.zeros_like(r)
-    running = torch.zeros_like(r[:, 0])  # [B] return of the next model token
-    for t in range(r.shape[1] - 1, -1, -1):
-        candidate = r[:, t] + gamma * running  # [B]
-        out[:, t] = torch.where(m[:, t], candidate, torch.zeros_like(candidate))
-        running = torch.where(m[:, t], candidate, running)  # mask-0: carry across
-    return out
+    r_tm, m_tm = _time_major(r), _time_major(m)  # [T, B]: each step reads one row
+    out = torch.zeros_like(r_tm)
+    zeros = torch.zeros_like(r_tm[0])
+    running = zeros  # [B] return of the next model token
+    for t in range(r_tm.shape[0] - 1, -1, -1):
+        candidate = r_tm[t] + gamma * running  # [B]
+        out[t] = torch.where(m_tm[t], candidate, zeros)
+        running = torch.where(m_tm[t], candidate, running)  # mask-0: carry across
+    return out.t().contiguous()
 
 
 def gae(
@@ -72,15 +80,17 @@ def gae(
     _check("token_rewards", token_rewards, mask)
     _check("values", values, mask)
     m = as_bool_mask(mask)
-    zeros = torch.zeros_like(values[:, 0])  # [B]
-    adv = torch.zeros_like(values)
+    r_tm, v_tm, m_tm = _time_major(token_rewards), _time_major(values), _time_major(m)
+    zeros = torch.zeros_like(v_tm[0])  # [B]
+    adv_tm = torch.zeros_like(v_tm)  # [T, B]
     next_value, next_adv = zeros, zeros  # V_{next(t)}, A_{next(t)}: [B]
-    for t in range(values.shape[1] - 1, -1, -1):
-        delta = token_rewards[:, t] + gamma * next_value - values[:, t]  # [B]
+    for t in range(v_tm.shape[0] - 1, -1, -1):
+        delta = r_tm[t] + gamma * next_value - v_tm[t]  # [B]
         a = delta + gamma * lam * next_adv  # [B]
-        keep = m[:, t]
-        adv[:, t] = torch.where(keep, a, zeros)
-        next_value = torch.where(keep, values[:, t], next_value)
+        keep = m_tm[t]
+        adv_tm[t] = torch.where(keep, a, zeros)
+        next_value = torch.where(keep, v_tm[t], next_value)
         next_adv = torch.where(keep, a, next_adv)
+    adv = adv_tm.t().contiguous()
     returns = torch.where(m, adv + values, torch.zeros_like(adv))
     return adv, returns

@@ -1,0 +1,216 @@
+"""Training batches: trajectories as torch tensors, padded or packed.
+
+Every per-token tensor of a ``Batch`` is aligned with ``input_ids``: entry ``t`` belongs to
+token ``t`` (its loss mask bit, the logprob it was sampled with, its advantage). Prompt
+and padding positions hold 0. The logprob of token ``t`` comes from the logits at
+``t - 1``; ``loomrl.experience.compute_logprobs`` returns it at ``t``, so sampling and
+recomputed logprobs line up entry for entry.
+
+- **padded** ``[B, L]``: prompts left-padded to the longest prompt ``P``, completions
+  right-padded, so every completion starts at column ``P``; ``attention_mask`` marks real
+  tokens and ``position_ids`` count from 0 at each sample's first real token.
+- **packed** ``[1, N]``: samples concatenated without padding; ``cu_seqlens [B + 1]`` are
+  the sample boundaries and ``position_ids`` restart at 0 for each sample (what flash
+  attention and transformers' packed-sequence masks read); ``attention_mask`` is None.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, fields, replace
+from typing import Literal
+
+import torch
+from torch import Tensor
+
+from loomrl.types import Trajectory
+
+Layout = Literal["padded", "packed"]
+
+
+@dataclass(frozen=True)
+class Batch:
+    """B samples as tensors; see the module docstring for the two layouts.
+
+    ``prompt_lengths``, ``completion_lengths``, ``group_ids``, ``example_ids``,
+    ``policy_versions`` and ``rewards`` are ``[B]``, one entry per sample in input order.
+    """
+
+    layout: Layout
+    input_ids: Tensor  # [B, L] | [1, N] int64
+    position_ids: Tensor  # same shape, int64
+    attention_mask: Tensor | None  # [B, L] int64 (padded) | None (packed)
+    cu_seqlens: Tensor | None  # [B + 1] int32 (packed) | None (padded)
+    loss_mask: Tensor  # same shape as input_ids, float32 in {0, 1}
+    logprobs: Tensor  # float32, sampling logprobs (0 off the model's tokens)
+    advantages: Tensor  # float32
+    returns: Tensor  # float32
+    prompt_lengths: Tensor  # [B] int64
+    completion_lengths: Tensor  # [B] int64
+    group_ids: Tensor  # [B] int64
+    example_ids: Tensor  # [B] int64
+    policy_versions: Tensor  # [B] int64
+    rewards: Tensor  # [B] float32
+
+    @property
+    def num_samples(self) -> int:
+        return int(self.prompt_lengths.numel())
+
+    @property
+    def num_tokens(self) -> int:
+        """Real (non-padding) tokens, prompts included."""
+        return int((self.prompt_lengths + self.completion_lengths).sum())
+
+    @property
+    def prompt_width(self) -> int:
+        """Padded layout: the column where every completion starts."""
+        return int(self.prompt_lengths.max()) if self.num_samples else 0
+
+    def to(self, device: torch.device | str) -> Batch:
+        """The same batch on ``device`` (per-sample metadata included)."""
+        values = {f.name: getattr(self, f.name) for f in fields(self)}
+        return replace(
+            self, **{k: v.to(device) for k, v in values.items() if isinstance(v, Tensor)}
+        )
+
+    def completion_slices(self) -> list[tuple[int, int, int]]:
+        """``(row, start, end)`` of each sample's completion tokens in the token tensors."""
+        p = self.prompt_lengths.tolist()
+        c = self.completion_lengths.tolist()
+        if self.layout == "padded":
+            width = self.prompt_width
+            return [(i, width, width + c[i]) for i in range(len(p))]
+        starts = self.cu_seqlens.tolist() if self.cu_seqlens is not None else []
+        return [(0, starts[i] + p[i], starts[i] + p[i] + c[i]) for i in range(len(p))]
+
+    def per_sample(self, values: Tensor) -> list[Tensor]:
+        """Each sample's completion part of a token-aligned tensor (``values`` shaped like
+        ``input_ids``), e.g. to compare padded and packed results sample by sample."""
+        if values.shape != self.input_ids.shape:
+            raise ValueError(
+                f"values {tuple(values.shape)} are not aligned with input_ids "
+                f"{tuple(self.input_ids.shape)}"
+            )
+        return [values[row, start:end] for row, start, end in self.completion_slices()]
+
+
+def pad(
+    trajectories: Sequence[Trajectory],
+    advantages: Sequence[Sequence[float]] | None = None,
+    returns: Sequence[Sequence[float]] | None = None,
+    *,
+    pad_token_id: int = 0,
+) -> Batch:
+    """A padded batch; ``advantages`` / ``returns`` are per completion token (0 if None)."""
+    rows = _rows(trajectories, advantages, returns)
+    width_p = max((len(t.prompt_ids) for t in trajectories), default=0)
+    width_c = max((len(t.completion_ids) for t in trajectories), default=0)
+    b, length = len(trajectories), width_p + width_c
+    ids = torch.full((b, length), pad_token_id, dtype=torch.long)
+    attention = torch.zeros((b, length), dtype=torch.long)
+    token = {name: torch.zeros((b, length), dtype=torch.float32) for name in _FLOAT_FIELDS}
+    for i, (traj, adv, ret) in enumerate(rows):
+        p, c = len(traj.prompt_ids), len(traj.completion_ids)
+        first, end = width_p - p, width_p + c
+        ids[i, first:end] = torch.tensor(traj.prompt_ids + traj.completion_ids, dtype=torch.long)
+        attention[i, first:end] = 1
+        _fill(token, i, slice(width_p, end), traj, adv, ret)
+    positions = (attention.cumsum(dim=1) - 1).clamp(min=0)
+    return Batch(
+        layout="padded", input_ids=ids, position_ids=positions, attention_mask=attention,
+        cu_seqlens=None, **token, **_metadata(trajectories),
+    )  # fmt: skip
+
+
+def pack(
+    trajectories: Sequence[Trajectory],
+    advantages: Sequence[Sequence[float]] | None = None,
+    returns: Sequence[Sequence[float]] | None = None,
+) -> Batch:
+    """A packed batch ``[1, N]``; ``advantages`` / ``returns`` as in ``pad``."""
+    rows = _rows(trajectories, advantages, returns)
+    lengths = [len(t.prompt_ids) + len(t.completion_ids) for t in trajectories]
+    cu = torch.zeros(len(lengths) + 1, dtype=torch.int32)
+    cu[1:] = torch.tensor(lengths, dtype=torch.int32).cumsum(0)
+    n = int(cu[-1])
+    ids = torch.tensor(
+        [tok for t in trajectories for tok in (*t.prompt_ids, *t.completion_ids)],
+        dtype=torch.long,
+    ).reshape(1, n)
+    positions = torch.cat([torch.arange(k, dtype=torch.long) for k in lengths])
+    token = {name: torch.zeros((1, n), dtype=torch.float32) for name in _FLOAT_FIELDS}
+    for i, (traj, adv, ret) in enumerate(rows):
+        start = int(cu[i]) + len(traj.prompt_ids)
+        _fill(token, 0, slice(start, int(cu[i + 1])), traj, adv, ret)
+    return Batch(
+        layout="packed", input_ids=ids, position_ids=positions.reshape(1, n),
+        attention_mask=None, cu_seqlens=cu, **token, **_metadata(trajectories),
+    )  # fmt: skip
+
+
+_FLOAT_FIELDS = ("loss_mask", "logprobs", "advantages", "returns")
+
+_Row = tuple[Trajectory, Sequence[float] | None, Sequence[float] | None]
+
+
+def _rows(
+    trajectories: Sequence[Trajectory],
+    advantages: Sequence[Sequence[float]] | None,
+    returns: Sequence[Sequence[float]] | None,
+) -> list[_Row]:
+    """Pair each trajectory with its token values, checking every length on the way."""
+    if not trajectories:
+        raise ValueError("no trajectories to batch")
+    for name, values in (("advantages", advantages), ("returns", returns)):
+        if values is not None and len(values) != len(trajectories):
+            raise ValueError(f"{len(trajectories)} trajectories but {len(values)} {name} rows")
+    rows: list[_Row] = []
+    for i, traj in enumerate(trajectories):
+        c = len(traj.completion_ids)
+        if not len(traj.logprobs) == len(traj.loss_mask) == c:
+            raise ValueError(
+                f"trajectory {i} (example {traj.example_id}): {c} completion ids, "
+                f"{len(traj.logprobs)} logprobs, {len(traj.loss_mask)} mask bits"
+            )
+        adv = None if advantages is None else advantages[i]
+        ret = None if returns is None else returns[i]
+        for name, values in (("advantages", adv), ("returns", ret)):
+            if values is not None and len(values) < c:
+                raise ValueError(
+                    f"trajectory {i} (example {traj.example_id}): {len(values)} {name} "
+                    f"for {c} completion tokens"
+                )
+        rows.append((traj, adv, ret))
+    return rows
+
+
+def _fill(
+    token: dict[str, Tensor],
+    row: int,
+    where: slice,
+    traj: Trajectory,
+    adv: Sequence[float] | None,
+    ret: Sequence[float] | None,
+) -> None:
+    c = len(traj.completion_ids)
+    token["loss_mask"][row, where] = torch.tensor(traj.loss_mask, dtype=torch.float32)
+    token["logprobs"][row, where] = torch.tensor(traj.logprobs, dtype=torch.float32)
+    if adv is not None:
+        token["advantages"][row, where] = torch.as_tensor(adv[:c], dtype=torch.float32)
+    if ret is not None:
+        token["returns"][row, where] = torch.as_tensor(ret[:c], dtype=torch.float32)
+
+
+def _metadata(trajectories: Sequence[Trajectory]) -> dict[str, Tensor]:
+    def column(values: list[float] | list[int], dtype: torch.dtype) -> Tensor:
+        return torch.tensor(values, dtype=dtype)
+
+    ts = trajectories
+    return {
+        "prompt_lengths": column([len(t.prompt_ids) for t in ts], torch.long),
+        "completion_lengths": column([len(t.completion_ids) for t in ts], torch.long),
+        "group_ids": column([t.group_id for t in ts], torch.long),
+        "example_ids": column([t.example_id for t in ts], torch.long),
+        "policy_versions": column([t.policy_version for t in ts], torch.long),
+        "rewards": column([float(t.reward) for t in ts], torch.float32),
+    }
