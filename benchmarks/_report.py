@@ -9,10 +9,6 @@ from datetime import date
 from pathlib import Path
 
 DOC = Path(__file__).resolve().parent.parent / "docs" / "benchmarks.md"
-HEADER = (
-    "# Benchmarks\n\n"
-    "Each section is written by the benchmark it names; rerun its command to refresh it.\n"
-)
 
 
 def machine() -> str:
@@ -21,9 +17,10 @@ def machine() -> str:
     return f"{platform.machine()}, {os.cpu_count()} cores, Python {platform.python_version()}"
 
 
-def write_section(name: str, body: str) -> None:
-    """Replace ``## name`` in docs/benchmarks.md (or append it) with ``body``."""
-    text = DOC.read_text() if DOC.exists() else HEADER
+def write_section(name: str, body: str, doc: Path = DOC) -> None:
+    """Replace ``## name`` in ``doc`` (docs/benchmarks.md by default; appended when
+    missing) with ``body`` and the command that made it."""
+    text = doc.read_text() if doc.exists() else f"# {doc.stem.capitalize()}\n"
     command = "python " + " ".join(["benchmarks/" + Path(sys.argv[0]).name, *sys.argv[1:]])
     section = (
         f"## {name}\n\nCommand: `{command}` ({date.today().isoformat()}; {machine()})\n\n"
@@ -35,5 +32,5 @@ def write_section(name: str, body: str) -> None:
         if pattern.search(text)
         else text.rstrip() + "\n\n" + section
     )
-    DOC.parent.mkdir(parents=True, exist_ok=True)
-    DOC.write_text(text)
+    doc.parent.mkdir(parents=True, exist_ok=True)
+    doc.write_text(text)

@@ -4,9 +4,13 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import os
+import signal
 import sys
+import threading
 import time
 from pathlib import Path
+from typing import Any
 
 from pydantic import ValidationError
 from rich.console import Console
@@ -128,6 +132,20 @@ def cmd_experience(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_train(args: argparse.Namespace) -> int:
+    from loomrl.train.command import run_train
+    from loomrl.train.config import TrainConfig
+
+    overrides = {"steps": args.steps, "seed": args.seed, "out": args.out, "model": args.model}
+    config = TrainConfig.load(args.config, overrides)
+    out, rows = asyncio.run(run_train(config, console, resume=args.resume))
+    rewards = [r["reward_mean"] for r in rows]
+    gain = sum(rewards[-5:]) / len(rewards[-5:]) - sum(rewards[:5]) / len(rewards[:5])
+    console.print(f"mean reward, last 5 steps minus first 5: {gain:+.3f}")
+    console.print(f"wrote {out}/metrics.jsonl, trajectories/, checkpoints/, report.md")
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="loomrl", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
@@ -181,16 +199,38 @@ def build_parser() -> argparse.ArgumentParser:
     )
     exp.add_argument("--out", type=Path, help="output directory (default RUN_DIR)")
     exp.set_defaults(func=cmd_experience)
+
+    tr = sub.add_parser("train", help="GRPO-style training on vLLM rollouts (a TOML config)")
+    tr.add_argument("config", type=Path, nargs="?", metavar="FILE", help="TrainConfig TOML")
+    tr.add_argument("--resume", type=Path, metavar="RUN_DIR", help="continue from its checkpoint")
+    tr.add_argument("--steps", type=int, help="optimizer steps")
+    tr.add_argument("--seed", type=int)
+    tr.add_argument("--model", help=f"model spec (default {DEFAULT_MODEL})")
+    tr.add_argument("--out", type=Path, help="run directory (default runs/train-TIME)")
+    tr.set_defaults(func=cmd_train)
     return parser
+
+
+def _terminate_like_interrupt() -> Any:
+    """SIGTERM (``kill``, job schedulers) stops a run the way Ctrl-C does: asyncio
+    cancels the main task, so engines close and reap vLLM's processes instead of leaving
+    them running, each holding its KV cache. Returns the previous handler."""
+    if threading.current_thread() is not threading.main_thread():
+        return None
+    return signal.signal(signal.SIGTERM, lambda *_: os.kill(os.getpid(), signal.SIGINT))
 
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    previous = _terminate_like_interrupt()
     try:
         return args.func(args)
     except (ValueError, FileNotFoundError, ValidationError) as exc:
         console.print(f"[red]error:[/] {exc}")
         return 2
+    finally:
+        if previous is not None:
+            signal.signal(signal.SIGTERM, previous)
 
 
 if __name__ == "__main__":

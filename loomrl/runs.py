@@ -155,18 +155,18 @@ def write_run(
 ) -> None:
     """Write a complete run directory."""
     out.mkdir(parents=True, exist_ok=True)
-    (out / "config.toml").write_text(tomli_w.dumps(_toml_ready(config)))
+    (out / "config.toml").write_text(tomli_w.dumps(toml_ready(config)))
     write_trajectories(out / "trajectories.parquet", trajs)
     (out / "metrics.json").write_text(json.dumps(dict(metrics), indent=2) + "\n")
     (out / "report.md").write_text("\n".join(report_lines) + "\n")
 
 
-def _toml_ready(value: Any) -> Any:
+def toml_ready(value: Any) -> Any:
     """TOML has no null: drop None values; paths become strings."""
     if isinstance(value, Mapping):
-        return {str(k): _toml_ready(v) for k, v in value.items() if v is not None}
+        return {str(k): toml_ready(v) for k, v in value.items() if v is not None}
     if isinstance(value, list | tuple):
-        return [_toml_ready(v) for v in value]
+        return [toml_ready(v) for v in value]
     if isinstance(value, Path):
         return str(value)
     return value

@@ -80,6 +80,7 @@ class ScriptedEngine:
         self.capacity = capacity
         self.decode_text = decode_text
         self._policy_version = 0
+        self.weight_updates: list[int] = []
         self._ids = itertools.count()
         self._waiting: deque[_Request] = deque()
         self._running: dict[str, _Request] = {}
@@ -105,6 +106,14 @@ class ScriptedEngine:
     def set_policy_version(self, version: int) -> None:
         """Simulate a weight update (tests of staleness and version stamping use this)."""
         self._policy_version = version
+
+    async def update_weights(self, weights: Any, version: int | None = None) -> float:
+        """The weight-sync contract without weights: abort what is in flight, bump the
+        version, record the tensor count in ``weight_updates``; returns 0 seconds."""
+        await self.abort()
+        self.weight_updates.append(len(weights))
+        self._policy_version = self._policy_version + 1 if version is None else version
+        return 0.0
 
     @property
     def in_flight(self) -> int:

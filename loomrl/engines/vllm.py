@@ -12,9 +12,11 @@ from __future__ import annotations
 import gc
 import itertools
 import os
-from collections.abc import Iterable, Sequence
+import tempfile
+import time
+from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import psutil
 
@@ -22,7 +24,11 @@ from loomrl.engines.base import check_prompt, tokens_left
 from loomrl.models import resolve
 from loomrl.types import Completion, SamplingParams
 
+if TYPE_CHECKING:
+    import torch
+
 DEFAULT_CPU_KV_CACHE_GIB = 4
+WEIGHT_LOADER = "loomrl.engines.vllm_worker.WeightLoader"
 
 
 class VLLMEngine:
@@ -43,6 +49,7 @@ class VLLMEngine:
         enforce_eager: bool = True,
         kv_cache_gib: int = DEFAULT_CPU_KV_CACHE_GIB,
         logprobs_mode: str = "processed_logprobs",
+        policy_version: int = 0,
         **engine_args: Any,
     ) -> None:
         self.model_path: Path = resolve(model)
@@ -61,6 +68,7 @@ class VLLMEngine:
             engine_args.setdefault("enable_chunked_prefill", False)
             if not engine_args["enable_chunked_prefill"]:
                 engine_args.setdefault("max_num_batched_tokens", max(context, 2048))
+        engine_args.setdefault("worker_extension_cls", WEIGHT_LOADER)
         args = AsyncEngineArgs(
             model=str(self.model_path),
             max_model_len=context,
@@ -77,7 +85,7 @@ class VLLMEngine:
         ]
         self._max_model_len = self._llm.model_config.max_model_len
         self._vocab_size = self._llm.model_config.get_vocab_size()
-        self._policy_version = 0
+        self._policy_version = policy_version  # e.g. the step of the checkpoint loaded
         self._counter = itertools.count()
         self._in_flight: set[str] = set()
         self._closed = False
@@ -145,6 +153,53 @@ class VLLMEngine:
             request_id=request_id,
         )
 
+    async def update_weights(
+        self, weights: Mapping[str, torch.Tensor], version: int | None = None
+    ) -> float:
+        """Load new weights (HF parameter names, any float dtype) into the live engine.
+
+        Requests still in flight are aborted first (they end with ``finish_reason="abort"``
+        and keep their tokens, all from the old weights: versions never mix within a
+        generation); the prefix cache, whose KV came from the old weights, is cleared.
+        ``policy_version`` becomes ``version`` (default: one more). Returns seconds taken.
+        """
+        from safetensors.torch import save_file
+
+        start = time.perf_counter()
+        await self.abort()
+        await self._llm.pause_generation(mode="abort", clear_cache=True)
+        try:
+            with tempfile.TemporaryDirectory(dir=_shared_memory_dir()) as tmp:
+                path = os.path.join(tmp, "weights.safetensors")
+                save_file(_checkpoint_tensors(weights, self._llm.model_config.dtype), path)
+                await self._llm.collective_rpc("loomrl_load_weights", args=(path,))
+            await self._llm.reset_prefix_cache()
+        finally:
+            await self._llm.resume_generation()
+        self._policy_version = self._policy_version + 1 if version is None else version
+        return time.perf_counter() - start
+
+    async def score(self, token_ids: Sequence[int]) -> list[float]:
+        """``log p(token_i | tokens_<i)`` under the engine's current weights for
+        ``i = 1 .. n-1`` (temperature 1): checks a weight sync against the learner."""
+        from vllm import SamplingParams as VSamplingParams
+        from vllm.inputs import TokensPrompt
+
+        check_prompt(token_ids, self._vocab_size, self._max_model_len)
+        params = VSamplingParams(max_tokens=1, prompt_logprobs=0, temperature=1.0)
+        request_id = f"loomrl-score-{next(self._counter)}"
+        final = None
+        async for output in self._llm.generate(
+            TokensPrompt(prompt_token_ids=list(token_ids)), params, request_id
+        ):
+            final = output
+        if final is None or final.prompt_logprobs is None:  # pragma: no cover
+            raise RuntimeError(f"vLLM returned no prompt logprobs for {request_id!r}")
+        return [
+            entry[token].logprob
+            for entry, token in zip(final.prompt_logprobs[1:], token_ids[1:], strict=True)
+        ]
+
     async def abort(self, request_ids: str | Iterable[str] | None = None) -> list[str]:
         if request_ids is None:
             ids = list(self._in_flight)
@@ -196,6 +251,29 @@ class VLLMEngine:
             include_stop_str_in_output=True,
             output_kind=RequestOutputKind.FINAL_ONLY,
         )
+
+
+def _checkpoint_tensors(
+    weights: Mapping[str, torch.Tensor], dtype: torch.dtype
+) -> dict[str, torch.Tensor]:
+    """CPU copies of ``weights`` in the engine's ``dtype`` (half the bytes of fp32
+    learner weights) under every name, as a checkpoint has them. Tied tensors (embeddings
+    and LM head) get their own copy: safetensors refuses shared storage, and vLLM's
+    in-place reload leaves a head it was not sent at its old values."""
+    seen: set[int] = set()
+    out = {}
+    for name, tensor in weights.items():
+        copy = tensor.detach().to(device="cpu", dtype=dtype).contiguous()
+        if tensor.data_ptr() in seen:
+            copy = copy.clone()
+        seen.add(tensor.data_ptr())
+        out[name] = copy
+    return out
+
+
+def _shared_memory_dir() -> str | None:
+    """A RAM-backed directory for the weight file when the OS has one."""
+    return "/dev/shm" if os.path.isdir("/dev/shm") and os.access("/dev/shm", os.W_OK) else None
 
 
 def _on_cpu() -> bool:

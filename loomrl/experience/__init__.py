@@ -2,7 +2,13 @@
 per-token logprob recompute under an HF causal LM (actor or reference)."""
 
 from loomrl.experience.batch import Batch, pack, pad
-from loomrl.experience.logprobs import MicroBatch, compute_logprobs, forward_logprobs, micro_batches
+from loomrl.experience.logprobs import (
+    MicroBatch,
+    compute_logprobs,
+    forward_logprobs,
+    forward_scores,
+    micro_batches,
+)
 from loomrl.experience.maker import Experience, make_experience
 
 __all__ = [
@@ -11,6 +17,7 @@ __all__ = [
     "MicroBatch",
     "compute_logprobs",
     "forward_logprobs",
+    "forward_scores",
     "make_experience",
     "micro_batches",
     "pack",

@@ -115,7 +115,15 @@ def compute_logprobs(
 
 def forward_logprobs(model: torch.nn.Module, mb: MicroBatch, *, temperature: float = 1.0) -> Tensor:
     """One forward pass: ``[b, n]`` logprobs of the wanted tokens (0 elsewhere), with
-    autograd when enabled (the learner's loss uses this)."""
+    autograd when enabled."""
+    return forward_scores(model, mb, temperature=temperature, entropy=False)[0]
+
+
+def forward_scores(
+    model: torch.nn.Module, mb: MicroBatch, *, temperature: float = 1.0, entropy: bool = True
+) -> tuple[Tensor, Tensor | None]:
+    """``forward_logprobs`` plus, if ``entropy``, the detached entropy ``[b, n]`` of each
+    wanted token's predictive distribution (the learner logs it)."""
     if temperature <= 0:
         raise ValueError(f"temperature must be > 0 to score tokens, got {temperature}")
     device = next(model.parameters()).device
@@ -125,7 +133,7 @@ def forward_logprobs(model: torch.nn.Module, mb: MicroBatch, *, temperature: flo
     cols = torch.nonzero(want[:, 1:].any(dim=0)).flatten()  # [k]
     out = torch.zeros((b, n), dtype=torch.float32, device=device)
     if cols.numel() == 0:
-        return out
+        return out, (torch.zeros_like(out) if entropy else None)
     inputs = {
         "input_ids": mb.input_ids.to(device),
         "position_ids": mb.position_ids.to(device),
@@ -137,23 +145,36 @@ def forward_logprobs(model: torch.nn.Module, mb: MicroBatch, *, temperature: flo
     else:
         logits = model(**inputs).logits[:, cols]  # [b, k, V]
     targets = inputs["input_ids"][:, cols + 1]  # [b, k]
-    picked = _target_logprobs(logits, targets, temperature)  # [b, k]
-    out = out.index_put((torch.arange(b, device=device)[:, None], (cols + 1)[None, :]), picked)
-    return torch.where(want, out, torch.zeros_like(out))
+    picked, spread = _target_logprobs(logits, targets, temperature, entropy)  # [b, k]
+    where = (torch.arange(b, device=device)[:, None], (cols + 1)[None, :])
+    zeros = torch.zeros_like(out)
+    logprobs = torch.where(want, out.index_put(where, picked), zeros)
+    if spread is None:
+        return logprobs, None
+    return logprobs, torch.where(want, zeros.index_put(where, spread), zeros)
 
 
-def _target_logprobs(logits: Tensor, targets: Tensor, temperature: float) -> Tensor:
-    """``log_softmax(logits / T)[target]`` in float32, in row chunks to bound memory."""
+def _target_logprobs(
+    logits: Tensor, targets: Tensor, temperature: float, entropy: bool
+) -> tuple[Tensor, Tensor | None]:
+    """``log_softmax(logits / T)[target]`` in float32 (and the detached entropy), in row
+    chunks to bound memory."""
     b, k, vocab = logits.shape
     flat, flat_targets = logits.reshape(b * k, vocab), targets.reshape(b * k)
-    pieces = []
+    pieces, spreads = [], []
     for start in range(0, b * k, SOFTMAX_CHUNK_ROWS):
         chunk = flat[start : start + SOFTMAX_CHUNK_ROWS].float()
         if temperature != 1.0:
             chunk = chunk / temperature
+        norm = torch.logsumexp(chunk, dim=1)
         picked = chunk.gather(1, flat_targets[start : start + SOFTMAX_CHUNK_ROWS, None])[:, 0]
-        pieces.append(picked - torch.logsumexp(chunk, dim=1))
-    return torch.cat(pieces).reshape(b, k)
+        pieces.append(picked - norm)
+        if entropy:
+            with torch.no_grad():
+                logp = chunk - norm[:, None]
+                spreads.append(-(logp.exp() * logp).sum(dim=1))
+    spread = torch.cat(spreads).reshape(b, k) if entropy else None
+    return torch.cat(pieces).reshape(b, k), spread
 
 
 def _accepts_logits_to_keep(model: torch.nn.Module) -> bool:

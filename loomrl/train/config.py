@@ -1,0 +1,88 @@
+"""``TrainConfig``: one TOML file (``loomrl train FILE``) describes a whole training run."""
+
+from __future__ import annotations
+
+import tomllib
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from loomrl.models import DEFAULT_MODEL
+from loomrl.train.learner import LearnerConfig
+
+
+class TrainConfig(BaseModel):
+    """GRPO-style training: each step rolls out ``prompts_per_step`` examples ``n`` times,
+    turns them into advantages, takes one optimizer step and syncs the engine's weights."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    env: str = Field("arith", description="environment name (see `loomrl envs`)")
+    env_args: dict[str, Any] = Field(default_factory=dict, description="environment kwargs")
+    model: str = Field(DEFAULT_MODEL, description="model spec or local HF directory")
+    seed: int = Field(0, description="seed of examples, sampling and the learner")
+    steps: int = Field(40, ge=1, description="optimizer steps")
+    prompts_per_step: int = Field(8, ge=1, description="examples per step (groups)")
+    n: int = Field(8, ge=1, description="samples per example (group size)")
+    max_turns: int | None = Field(None, ge=1, description="turn limit (default: the env's)")
+    max_len: int = Field(512, ge=2, description="prompt + completion token budget")
+    max_tokens: int = Field(64, ge=1, description="tokens per model turn")
+    temperature: float = Field(1.0, gt=0, description="sampling (and learner) temperature")
+    concurrency: int = Field(64, ge=1, description="trajectories in flight")
+    env_timeout: float | None = Field(30.0, gt=0, description="seconds per env call")
+    estimator: str = Field("grpo", description="advantage estimator (loomrl.algos registry)")
+    estimator_options: dict[str, Any] = Field(default_factory=dict, description="its options")
+    drop_zero_variance: bool = Field(False, description="drop groups whose rewards all agree")
+    layout: Literal["packed", "padded"] = Field(
+        "padded", description="training batch layout (packed pays off with varlen attention)"
+    )
+    dtype: Literal["float32", "bfloat16"] = Field("float32", description="learner weights")
+    autocast: Literal["bfloat16", "none"] = Field(
+        "bfloat16", description="mixed-precision matmuls in forward/backward ('none': dtype)"
+    )
+    lr: float = Field(1e-5, gt=0, description="AdamW learning rate")
+    weight_decay: float = Field(0.0, ge=0, description="AdamW weight decay")
+    warmup_steps: int = Field(0, ge=0, description="linear warm-up steps")
+    cosine_decay: bool = Field(False, description="cosine-decay the LR to 10% over `steps`")
+    max_grad_norm: float = Field(1.0, gt=0, description="global gradient-norm clip")
+    clip_low: float = Field(0.2, ge=0, description="PPO ratio clip below 1")
+    clip_high: float = Field(0.2, ge=0, description="PPO ratio clip above 1 (DAPO: 0.28)")
+    aggregation: Literal["token-mean", "seq-mean-token-sum", "seq-mean-token-mean", "constant"] = (
+        Field("token-mean", description="how token losses are averaged")
+    )
+    constant_normaliser: float = Field(1024.0, gt=0, description="Dr. GRPO's constant")
+    kl_coef: float = Field(0.0, ge=0, description="k3 KL to the initial model (0: no reference)")
+    is_cap: float | None = Field(
+        2.0, gt=0, description="truncated importance weight cap for the sampler gap (None: off)"
+    )
+    micro_batch_tokens: int = Field(2048, ge=1, description="tokens per forward/backward")
+    checkpoint_every: int = Field(10, ge=1, description="steps between checkpoints")
+    out: Path | None = Field(None, description="run directory (default runs/train-TIME)")
+    engine_args: dict[str, Any] = Field(default_factory=dict, description="VLLMEngine args")
+
+    @classmethod
+    def load(cls, path: Path | None, overrides: dict[str, Any] | None = None) -> TrainConfig:
+        """The TOML file's values (its ``[train]`` table or top level), then overrides."""
+        data: dict[str, Any] = {}
+        if path is not None:
+            with open(path, "rb") as f:
+                data = tomllib.load(f)
+            if "train" in data:
+                stray = sorted(set(data) - {"train"})
+                if stray:
+                    raise ValueError(f"{path}: {stray} sit outside the [train] table; move them in")
+                data = data["train"]
+        data.update({k: v for k, v in (overrides or {}).items() if v is not None})
+        return cls.model_validate(data)
+
+    def learner(self) -> LearnerConfig:
+        return LearnerConfig(
+            lr=self.lr, weight_decay=self.weight_decay, warmup_steps=self.warmup_steps,
+            total_steps=self.steps if self.cosine_decay else 0,
+            max_grad_norm=self.max_grad_norm, clip_low=self.clip_low, clip_high=self.clip_high,
+            aggregation=self.aggregation, constant_normaliser=self.constant_normaliser,
+            kl_coef=self.kl_coef, is_cap=self.is_cap, temperature=self.temperature,
+            max_tokens=self.micro_batch_tokens,
+            autocast=None if self.autocast == "none" else self.autocast,
+        )  # fmt: skip

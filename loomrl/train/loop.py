@@ -1,0 +1,175 @@
+"""The training loop: rollout -> experience -> learner step -> weight sync -> log -> checkpoint.
+
+Step ``s`` trains on examples ``[s·k, (s+1)·k)`` of one seeded dataset (``k`` prompts
+per step), so a resumed run draws exactly the examples the lost steps would have: a step
+is either fully recorded (metrics row, trajectory segment, and after it any checkpoint)
+or redone from the last checkpoint, never half-kept and never repeated.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from loomrl.envs import load as load_env
+from loomrl.experience import make_experience
+from loomrl.models import resolve
+from loomrl.rollout import rollout
+from loomrl.runs import write_trajectories
+from loomrl.train.checkpoint import latest_checkpoint, load_learner_state, save_checkpoint
+from loomrl.train.config import TrainConfig
+from loomrl.train.learner import Learner
+from loomrl.types import SamplingParams, Trajectory
+
+StepCallback = Callable[[dict[str, Any]], None]
+
+
+def engine_factory(config: TrainConfig) -> Callable[[Path, int], Any]:
+    """The production engine: vLLM serving ``model_dir`` at ``policy_version``."""
+
+    def make(model_dir: Path, policy_version: int) -> Any:
+        from loomrl.engines.vllm import VLLMEngine
+
+        return VLLMEngine(
+            str(model_dir), max_model_len=config.max_len, seed=config.seed,
+            policy_version=policy_version, **config.engine_args,
+        )  # fmt: skip
+
+    return make
+
+
+async def train(
+    config: TrainConfig,
+    out: Path,
+    *,
+    resume: bool = False,
+    make_engine: Callable[[Path, int], Any] | None = None,
+    on_step: StepCallback | None = None,
+) -> list[dict[str, Any]]:
+    """Run (or, with ``resume``, continue) training into ``out``; return all metric rows."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    start, model_dir, learner_state = 0, resolve(config.model), None
+    if resume:
+        checkpoint = latest_checkpoint(out)
+        start, model_dir = checkpoint.step, checkpoint.model_dir
+        learner_state = load_learner_state(checkpoint)
+    else:
+        torch.manual_seed(config.seed)
+    rows = _prepare_run_dir(out, config, start)
+    dtype = getattr(torch, config.dtype)
+    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=dtype)
+    tokenizer = AutoTokenizer.from_pretrained(model_dir)
+    reference = None
+    if config.kl_coef:
+        reference = AutoModelForCausalLM.from_pretrained(resolve(config.model), dtype=dtype)
+        reference.requires_grad_(False)
+    learner = Learner(model, config.learner(), reference)
+    if learner_state is not None:
+        learner.load_state_dict(learner_state)
+    env = load_env(config.env, **config.env_args)
+    k = config.prompts_per_step
+    examples = env.dataset(config.steps * k, seed=config.seed)
+    engine = (make_engine or engine_factory(config))(model_dir, start)
+    try:
+        for step in range(start, config.steps):
+            started = time.perf_counter()
+            batch_examples = examples[step * k : (step + 1) * k]
+            trajs = await rollout(
+                engine, env, batch_examples, n=config.n, max_turns=config.max_turns,
+                max_len=config.max_len, concurrency=config.concurrency, on_error="isolate",
+                env_timeout=config.env_timeout, first_group_id=step * k,
+                sampling=SamplingParams(
+                    max_tokens=config.max_tokens, temperature=config.temperature,
+                    seed=config.seed * 1_000_003 + step,
+                ),
+            )  # fmt: skip
+            rollout_s = time.perf_counter() - started
+            row = _step(config, learner, trajs, tokenizer.pad_token_id or 0)
+            sync_s = 0.0
+            if row.get("learner_s") is not None:
+                sync_s = await engine.update_weights(model.state_dict(), version=step + 1)
+            row.update(
+                step=step + 1, rollout_s=rollout_s, sync_s=sync_s,
+                step_s=time.perf_counter() - started, policy_version=engine.policy_version,
+                **_rollout_metrics(trajs),
+            )  # fmt: skip
+            write_trajectories(out / "trajectories" / f"step-{step + 1:06d}.parquet", trajs)
+            with open(out / "metrics.jsonl", "a") as f:
+                f.write(json.dumps(row) + "\n")
+            rows.append(row)
+            if on_step is not None:
+                on_step(row)
+            if (step + 1) % config.checkpoint_every == 0 or step + 1 == config.steps:
+                save_checkpoint(out, step + 1, model, tokenizer, learner.state_dict())
+    finally:
+        await engine.close()
+    return rows
+
+
+def _step(
+    config: TrainConfig, learner: Learner, trajs: list[Trajectory], pad_id: int
+) -> dict[str, Any]:
+    """Experience and one learner step; a batch with nothing to learn skips the step."""
+    t0 = time.perf_counter()
+    exp = make_experience(
+        trajs, config.estimator, options=config.estimator_options,
+        drop_zero_variance=config.drop_zero_variance,
+    )  # fmt: skip
+    row: dict[str, Any] = {
+        "trained_trajectories": len(exp.trajectories),
+        "zero_variance_groups": exp.stats["zero_variance_groups_dropped"],
+    }
+    if not exp.trajectories or exp.stats.get("trained_tokens", 0) == 0:
+        return {**row, "experience_s": time.perf_counter() - t0, "learner_s": None}
+    batch = exp.packed() if config.layout == "packed" else exp.padded(pad_id)
+    row["experience_s"] = time.perf_counter() - t0
+    return {**row, **learner.step(batch)}
+
+
+def _rollout_metrics(trajs: list[Trajectory]) -> dict[str, float]:
+    """Reward and length statistics of one step's trajectories (named components too)."""
+    rewards = torch.tensor([float(t.reward) for t in trajs], dtype=torch.float64)
+    metrics = {
+        "reward_mean": float(rewards.mean()),
+        "reward_std": float(rewards.std(unbiased=False)),
+        "completion_tokens_mean": sum(t.num_completion_tokens for t in trajs) / len(trajs),
+        "turns_mean": sum(t.turns for t in trajs) / len(trajs),
+        "error_rate": sum(t.status in ("error", "env_timeout") for t in trajs) / len(trajs),
+    }
+    names = sorted({name for t in trajs for name in t.reward_components})
+    for name in names:
+        values = [t.reward_components.get(name, 0.0) for t in trajs]
+        metrics[f"reward/{name}"] = sum(values) / len(values)
+    return metrics
+
+
+def _prepare_run_dir(out: Path, config: TrainConfig, start: int) -> list[dict[str, Any]]:
+    """Write the config; on resume keep exactly the steps up to the checkpoint."""
+    import tomli_w
+
+    from loomrl.runs import toml_ready
+
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "config.toml").write_text(tomli_w.dumps(toml_ready(config.model_dump(mode="json"))))
+    segments = out / "trajectories"
+    if start == 0:
+        shutil.rmtree(segments, ignore_errors=True)
+        (out / "metrics.jsonl").unlink(missing_ok=True)
+    segments.mkdir(exist_ok=True)
+    rows = []
+    metrics = out / "metrics.jsonl"
+    if metrics.exists():
+        rows = [json.loads(line) for line in metrics.read_text().splitlines() if line.strip()]
+        rows = [r for r in rows if r["step"] <= start]
+        metrics.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    for segment in segments.glob("step-*.parquet"):
+        if int(segment.stem.removeprefix("step-")) > start:
+            segment.unlink()
+    return rows

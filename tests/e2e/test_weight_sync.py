@@ -1,0 +1,92 @@
+"""Weight sync into a live vLLM engine: after ``update_weights`` the engine scores a fixed
+sequence as the learner's model does, and no longer as before."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from loomrl.experience import compute_logprobs, pad
+from loomrl.models import resolve
+from loomrl.types import SamplingParams, Trajectory
+
+pytestmark = pytest.mark.e2e
+
+SEQUENCE = [1, 504, 3300, 17, 289, 4012, 77, 1630, 930, 12, 5000, 431, 88, 2301, 9, 640]
+
+
+@pytest.fixture(scope="module")
+async def engine():
+    from loomrl.engines.vllm import VLLMEngine
+
+    engine = VLLMEngine("tiny-random", max_model_len=256, max_num_seqs=8)
+    yield engine
+    await engine.close()
+
+
+def learner_model(seed: int) -> torch.nn.Module:
+    """The tiny model with sharpened, seed-dependent weights (a trained policy stand-in):
+    its next-token distributions are far from uniform, so a missed sync shows."""
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(resolve("tiny-random"), dtype=torch.float32)
+    gen = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for name, param in model.named_parameters():
+            if "norm" in name:
+                param.fill_(1.0)
+            else:
+                param.mul_(5.0).add_(torch.randn(param.shape, generator=gen) * 0.02)
+            param.copy_(param.to(torch.bfloat16).float())  # the values the engine will hold
+    return model
+
+
+def learner_logprobs(model: torch.nn.Module) -> torch.Tensor:
+    n = len(SEQUENCE) - 1
+    traj = Trajectory(0, 0, 0, "fixed", prompt_ids=SEQUENCE[:1], completion_ids=SEQUENCE[1:],
+                      logprobs=[0.0] * n, loss_mask=[1] * n)  # fmt: skip
+    batch = pad([traj])
+    return batch.per_sample(compute_logprobs(model, batch))[0]
+
+
+async def test_synced_engine_scores_like_the_learner_and_unlike_before(engine):
+    before = torch.tensor(await engine.score(SEQUENCE))
+    model = learner_model(seed=1)
+    expected = learner_logprobs(model)
+    assert (before - expected).abs().max() > 1.0  # the new weights really are different
+
+    seconds = await engine.update_weights(model.state_dict())
+    after = torch.tensor(await engine.score(SEQUENCE))
+
+    assert seconds > 0 and engine.policy_version == 1
+    gap = (after - expected).abs()
+    assert gap.max() < 0.25 and gap.mean() < 0.05, (after, expected)  # bf16 activations
+    assert (after - before).abs().max() > 1.0
+
+
+async def test_generations_after_a_sync_carry_the_new_version_and_new_weights(engine):
+    model = learner_model(seed=2)
+    await engine.update_weights(model.state_dict(), version=7)
+    out = await engine.generate(SEQUENCE[:4], SamplingParams(max_tokens=6, temperature=1.0))
+    assert out.policy_version == 7 and engine.policy_version == 7
+    traj = Trajectory(0, 0, 0, "g", prompt_ids=SEQUENCE[:4], completion_ids=out.token_ids,
+                      logprobs=out.logprobs, loss_mask=[1] * len(out.token_ids))  # fmt: skip
+    batch = pad([traj])
+    recomputed = batch.per_sample(compute_logprobs(model, batch))[0]
+    assert (recomputed - torch.tensor(out.logprobs)).abs().max() < 0.25
+
+
+async def test_a_sync_aborts_requests_in_flight_and_keeps_their_old_version(engine):
+    import asyncio
+
+    model = learner_model(seed=3)
+    task = asyncio.create_task(
+        engine.generate(SEQUENCE[:4], SamplingParams(max_tokens=200, ignore_eos=True))
+    )
+    while engine.in_flight == 0:
+        await asyncio.sleep(0.01)
+    old = engine.policy_version
+    await engine.update_weights(model.state_dict())
+    out = await task
+    assert out.finish_reason == "abort" and out.policy_version == old
+    assert engine.policy_version == old + 1 and engine.in_flight == 0

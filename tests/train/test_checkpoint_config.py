@@ -1,0 +1,214 @@
+"""Checkpoints (save, list, prune, atomicity, RNG restore, loadable model directory),
+``TrainConfig`` (TOML, overrides, validation, mapping onto ``LearnerConfig``) and the
+``loomrl train`` report and live table."""
+
+from __future__ import annotations
+
+import io
+import random
+import tomllib
+from pathlib import Path
+
+import pytest
+import torch
+from pydantic import ValidationError
+from rich.console import Console
+from transformers import AutoModelForCausalLM
+
+from loomrl.models import resolve
+from loomrl.train.checkpoint import (
+    latest_checkpoint,
+    list_checkpoints,
+    load_learner_state,
+    save_checkpoint,
+)
+from loomrl.train.command import report, table
+from loomrl.train.config import TrainConfig
+from loomrl.train.learner import LearnerConfig
+
+EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "arith-grpo.toml"
+
+
+@pytest.fixture(scope="module")
+def model():
+    return AutoModelForCausalLM.from_pretrained(resolve("tiny-random"), dtype=torch.float32)
+
+
+def steps(run: Path) -> list[int]:
+    return [c.step for c in list_checkpoints(run)]
+
+
+def test_save_list_latest_and_prune(tmp_path, model, tokenizer):
+    first = save_checkpoint(tmp_path, 1, model, tokenizer, {"steps": 1})
+    assert first.step == 1 and first.path == tmp_path / "checkpoints" / "step-000001"
+    assert steps(tmp_path) == [1] and latest_checkpoint(tmp_path) == first
+    save_checkpoint(tmp_path, 2, model, tokenizer, {"steps": 2})
+    third = save_checkpoint(tmp_path, 10, model, tokenizer, {"steps": 10})
+    assert steps(tmp_path) == [2, 10]  # keep=2: the oldest went
+    assert not first.path.exists() and latest_checkpoint(tmp_path) == third
+    save_checkpoint(tmp_path, 11, model, tokenizer, {"steps": 11}, keep=3)
+    save_checkpoint(tmp_path, 12, model, tokenizer, {"steps": 12}, keep=1)
+    assert steps(tmp_path) == [12]
+    names = sorted(p.name for p in (tmp_path / "checkpoints").iterdir())
+    assert names == ["step-000012"]  # no temporary directory left behind
+    assert load_learner_state(latest_checkpoint(tmp_path)) == {"steps": 12}
+
+
+def test_incomplete_directories_are_not_checkpoints(tmp_path, model, tokenizer):
+    save_checkpoint(tmp_path, 3, model, tokenizer, {"steps": 3})
+    root = tmp_path / "checkpoints"
+    leftover = root / ".tmp-step-000009"  # a crash mid-save
+    leftover.mkdir()
+    (leftover / "state.json").write_text('{"step": 9}\n')
+    (root / "step-000008").mkdir()  # no state.json: not complete
+    assert steps(tmp_path) == [3] and latest_checkpoint(tmp_path).step == 3
+
+
+def test_a_failed_save_leaves_the_previous_checkpoints_intact(tmp_path, model, tokenizer):
+    save_checkpoint(tmp_path, 1, model, tokenizer, {"steps": 1})
+    save_checkpoint(tmp_path, 2, model, tokenizer, {"steps": 2})
+    with pytest.raises(Exception):  # noqa: B017 - whatever pickling raises
+        save_checkpoint(tmp_path, 3, model, tokenizer, {"unpicklable": lambda: 0})
+    assert steps(tmp_path) == [1, 2]  # nothing half-written, nothing pruned
+    save_checkpoint(tmp_path, 3, model, tokenizer, {"steps": 3})  # the retry succeeds
+    assert steps(tmp_path) == [2, 3]
+
+
+def test_latest_checkpoint_of_an_empty_run_raises(tmp_path):
+    with pytest.raises(FileNotFoundError, match="no checkpoint"):
+        latest_checkpoint(tmp_path)
+    (tmp_path / "checkpoints").mkdir()
+    with pytest.raises(FileNotFoundError, match="no checkpoint"):
+        latest_checkpoint(tmp_path)
+    assert list_checkpoints(tmp_path / "missing") == []
+
+
+def test_load_restores_the_rng_states(tmp_path, model, tokenizer):
+    state = {"steps": 4, "optimizer": {"lr": torch.tensor([0.5])}}
+    checkpoint = save_checkpoint(tmp_path, 4, model, tokenizer, state)
+    after_save = (torch.rand(4), random.random())
+    for _ in range(3):  # move both generators on
+        torch.rand(100), random.random()
+    assert not torch.equal(torch.rand(4), after_save[0])
+    loaded = load_learner_state(checkpoint)
+    after_load = (torch.rand(4), random.random())
+    assert torch.equal(after_load[0], after_save[0]) and after_load[1] == after_save[1]
+    assert loaded["steps"] == 4 and torch.equal(loaded["optimizer"]["lr"], torch.tensor([0.5]))
+
+
+def test_the_saved_model_directory_loads_with_the_same_weights(tmp_path, model, tokenizer):
+    checkpoint = save_checkpoint(tmp_path, 5, model, tokenizer, {})
+    loaded = AutoModelForCausalLM.from_pretrained(checkpoint.model_dir, dtype=torch.float32)
+    mine, theirs = model.state_dict(), loaded.state_dict()
+    assert mine.keys() == theirs.keys()
+    for name, value in mine.items():
+        assert torch.equal(value, theirs[name]), name
+    assert (checkpoint.model_dir / "tokenizer.json").is_file()
+    assert (checkpoint.model_dir / "model.safetensors").is_file()
+
+
+# -- TrainConfig ------------------------------------------------------------------------------
+
+
+def test_the_example_config_loads_and_validates():
+    """Every key of the example's ``[train]`` table arrives as written (whatever it is tuned
+    to); the rest are defaults."""
+    with open(EXAMPLE, "rb") as f:
+        written = tomllib.load(f)["train"]
+    config = TrainConfig.load(EXAMPLE)
+    assert written and {k: getattr(config, k) for k in written} == written
+    assert config.env == "arith" and config.steps >= 1 and config.n >= 1
+    defaults = TrainConfig()
+    for name in set(TrainConfig.model_fields) - set(written):
+        assert getattr(config, name) == getattr(defaults, name), name
+
+
+def test_unknown_and_invalid_keys_are_rejected(tmp_path):
+    path = tmp_path / "bad.toml"
+    path.write_text('[train]\nenv = "arith"\nlearning_rate = 0.1\n')
+    with pytest.raises(ValidationError, match="learning_rate"):
+        TrainConfig.load(path)
+    with pytest.raises(ValidationError, match="bogus"):
+        TrainConfig.load(None, {"bogus": 1})
+    for bad in ({"steps": 0}, {"aggregation": "sum"}, {"lr": 0.0}, {"layout": "ragged"}):
+        with pytest.raises(ValidationError):
+            TrainConfig.load(None, bad)
+
+
+def test_overrides_win_and_none_overrides_are_ignored(tmp_path):
+    path = tmp_path / "run.toml"
+    path.write_text("[train]\nsteps = 9\nlr = 0.25\nseed = 4\n")
+    config = TrainConfig.load(path, {"steps": 3, "seed": None, "out": tmp_path})
+    assert config.steps == 3 and config.out == tmp_path  # overridden
+    assert config.seed == 4 and config.lr == 0.25  # a None override keeps the file's value
+    top_level = tmp_path / "flat.toml"  # no [train] table: the top level is the config
+    top_level.write_text("steps = 7\nlr = 0.5\n")
+    assert (TrainConfig.load(top_level).steps, TrainConfig.load(top_level).lr) == (7, 0.5)
+
+
+def test_keys_beside_the_train_table_are_not_silently_dropped(tmp_path):
+    """LIBRARY BUG (fails today): with a ``[train]`` table, ``load`` keeps only that table,
+    so a top-level ``seed = 3`` is dropped without a word and the run uses seed 0."""
+    path = tmp_path / "mixed.toml"
+    path.write_text('seed = 3\n\n[train]\nenv = "arith"\n')
+    with pytest.raises(ValueError, match="seed"):
+        TrainConfig.load(path)
+
+
+def test_learner_config_maps_every_field():
+    config = TrainConfig(
+        steps=17, lr=3e-4, weight_decay=0.05, warmup_steps=4, cosine_decay=True,
+        max_grad_norm=0.7, clip_low=0.15, clip_high=0.33, aggregation="constant",
+        constant_normaliser=333.0, kl_coef=0.02, is_cap=3.5, temperature=0.9,
+        micro_batch_tokens=777, max_tokens=55, autocast="none",
+    )  # fmt: skip
+    assert config.learner() == LearnerConfig(
+        lr=3e-4, weight_decay=0.05, warmup_steps=4, total_steps=17, max_grad_norm=0.7,
+        clip_low=0.15, clip_high=0.33, aggregation="constant", constant_normaliser=333.0,
+        kl_coef=0.02, is_cap=3.5, temperature=0.9, max_tokens=777, autocast=None,
+    )  # fmt: skip
+    assert config.model_copy(update={"cosine_decay": False}).learner().total_steps == 0
+    assert TrainConfig(is_cap=None).learner().is_cap is None
+    assert TrainConfig().learner().autocast == "bfloat16"
+
+
+# -- report and table -------------------------------------------------------------------------
+
+
+def rows_of(rewards: list[float]) -> list[dict]:
+    return [
+        {"step": i + 1, "reward_mean": r, "reward/correct": r, "completion_tokens_mean": 12.0,
+         "rollout_s": 1.0, "learner_s": None if i == 0 else 0.5, "sync_s": 0.2}
+        for i, r in enumerate(rewards)
+    ]  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    "rewards",
+    [[0.1 * k for k in range(1, 13)], [0.0, 1.0, 0.5], [0.9, 0.1, 0.1, 0.2, 0.3, 0.4, 0.95]],
+)
+def test_report_gain_is_last_five_minus_first_five(rewards):
+    rows = rows_of(rewards)
+    first, last = rewards[:5], rewards[-5:]
+    gain = sum(last) / len(last) - sum(first) / len(first)
+    text = report(TrainConfig(), rows)
+    assert f"**{gain:+.3f}**" in text
+    body = [line for line in text.splitlines() if line.startswith("| ") and "step" not in line]
+    assert len(body) == len(rewards)
+    assert body[0].startswith("| 1 |") and "correct " in body[0] and " 0.0 |" in body[0]
+
+
+def test_report_gain_of_a_known_run():
+    rewards = [0.0] * 5 + [0.5] * 5 + [1.0] * 5
+    assert "**+1.000**" in report(TrainConfig(), rows_of(rewards))
+
+
+def test_table_shows_the_last_fifteen_rows_and_dashes_for_missing_values():
+    rows = rows_of([0.01 * k for k in range(20)])
+    out = io.StringIO()
+    Console(file=out, width=300).print(table(rows, "run"))
+    text = out.getvalue()
+    lines = [line for line in text.splitlines() if line.strip().startswith(("│", "|"))]
+    shown = [line.split("│")[1].strip() for line in lines if line.split("│")[1].strip().isdigit()]
+    assert shown == [str(s) for s in range(6, 21)]
+    assert "-" in lines[-1]  # entropy, kl, grad_norm are missing from these rows

@@ -1,0 +1,91 @@
+"""The training loop with the scripted engine and the tiny model: rows, segments,
+checkpoints, weight syncs, and a resume that loses and repeats nothing."""
+
+from __future__ import annotations
+
+import json
+
+import pyarrow.parquet as pq
+import pytest
+
+from loomrl.engines import ScriptedEngine
+from loomrl.train.checkpoint import latest_checkpoint, list_checkpoints
+from loomrl.train.config import TrainConfig
+from loomrl.train.loop import train
+
+
+class Crash(RuntimeError):
+    pass
+
+
+def config(**overrides) -> TrainConfig:
+    base = dict(
+        model="tiny-random", env="arith", env_args={"max_operand": 5}, steps=4,
+        prompts_per_step=2, n=3, max_tokens=8, max_len=256, checkpoint_every=2, lr=1e-3,
+    )  # fmt: skip
+    return TrainConfig(**{**base, **overrides})
+
+
+@pytest.fixture
+def engines(tokenizer):
+    made: list[ScriptedEngine] = []
+    answers = iter(range(10**6))
+
+    def make(model_dir, policy_version):
+        def reply(prompt_ids, params):
+            return f"Answer: {next(answers) % 7}"
+
+        engine = ScriptedEngine(reply, tokenizer=tokenizer)
+        engine.set_policy_version(policy_version)
+        made.append(engine)
+        return engine
+
+    make.made = made
+    return make
+
+
+def segment_groups(out, step):
+    table = pq.read_table(out / "trajectories" / f"step-{step:06d}.parquet")
+    return sorted(set(table.column("group_id").to_pylist()))
+
+
+async def test_each_step_logs_trains_syncs_and_checkpoints(tmp_path, engines):
+    rows = await train(config(), tmp_path, make_engine=engines)
+    assert [r["step"] for r in rows] == [1, 2, 3, 4]
+    assert [r["policy_version"] for r in rows] == [1, 2, 3, 4]
+    (engine,) = engines.made
+    assert len(engine.weight_updates) == 4 and engine.weight_updates[0] > 0
+    for row in rows:
+        assert row["trained_trajectories"] == 6 and row["grad_norm"] > 0
+        assert {"rollout_s", "experience_s", "learner_s", "sync_s", "reward/correct"} <= set(row)
+    assert [segment_groups(tmp_path, s) for s in (1, 2, 3, 4)] == [[0, 1], [2, 3], [4, 5], [6, 7]]
+    assert [c.step for c in list_checkpoints(tmp_path)] == [2, 4]
+    logged = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    assert logged == rows
+
+
+async def test_a_crashed_run_resumes_from_its_checkpoint_without_loss_or_repeats(tmp_path, engines):
+    def crash_after_step_3(row):
+        if row["step"] == 3:
+            raise Crash("killed")
+
+    with pytest.raises(Crash):
+        await train(config(), tmp_path, make_engine=engines, on_step=crash_after_step_3)
+    assert latest_checkpoint(tmp_path).step == 2
+    before = pq.read_table(tmp_path / "trajectories" / "step-000002.parquet")
+
+    rows = await train(config(), tmp_path, resume=True, make_engine=engines)
+
+    assert [r["step"] for r in rows] == [1, 2, 3, 4]  # step 3 redone once, not kept twice
+    logged = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in logged] == [1, 2, 3, 4]
+    assert [segment_groups(tmp_path, s) for s in (1, 2, 3, 4)] == [[0, 1], [2, 3], [4, 5], [6, 7]]
+    assert pq.read_table(tmp_path / "trajectories" / "step-000002.parquet").equals(before)
+    resumed = engines.made[-1]
+    assert [r["policy_version"] for r in rows[2:]] == [3, 4] and len(resumed.weight_updates) == 2
+    assert latest_checkpoint(tmp_path).step == 4
+
+
+async def test_resume_without_a_checkpoint_says_so(tmp_path, engines):
+    with pytest.raises(FileNotFoundError, match="no checkpoint"):
+        await train(config(), tmp_path, resume=True, make_engine=engines)
