@@ -36,8 +36,8 @@ class VLLMEngine:
     spawns processes) and ``await close()`` it, or use it as an async context manager.
 
     ``engine_args`` go to vLLM's ``AsyncEngineArgs`` unchanged (``max_num_seqs``,
-    ``gpu_memory_utilization``, ...). On CPU the KV cache is ``kv_cache_gib`` of host
-    memory unless ``VLLM_CPU_KVCACHE_SPACE`` is set.
+    ``gpu_memory_utilization``, ...). On CPU the KV cache is ``kv_cache_gib`` GiB of host
+    memory when given, else ``VLLM_CPU_KVCACHE_SPACE`` when set, else 4 GiB.
     """
 
     def __init__(
@@ -47,7 +47,7 @@ class VLLMEngine:
         max_model_len: int | None = 4096,
         seed: int = 0,
         enforce_eager: bool = True,
-        kv_cache_gib: int = DEFAULT_CPU_KV_CACHE_GIB,
+        kv_cache_gib: int | None = None,
         logprobs_mode: str = "processed_logprobs",
         policy_version: int = 0,
         **engine_args: Any,
@@ -56,7 +56,11 @@ class VLLMEngine:
         self.model_spec = model
         os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")
         # vLLM's CPU default takes a fraction of *all* host memory (OOM beside anything else).
-        os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", str(int(kv_cache_gib)))
+        # An explicit kv_cache_gib wins; otherwise the environment's value, else the default.
+        if kv_cache_gib is not None:
+            os.environ["VLLM_CPU_KVCACHE_SPACE"] = str(int(kv_cache_gib))
+        else:
+            os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", str(DEFAULT_CPU_KV_CACHE_GIB))
         from vllm.engine.arg_utils import AsyncEngineArgs
         from vllm.v1.engine.async_llm import AsyncLLM
 

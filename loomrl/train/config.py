@@ -58,6 +58,9 @@ class TrainConfig(BaseModel):
     )
     micro_batch_tokens: int = Field(2048, ge=1, description="tokens per forward/backward")
     checkpoint_every: int = Field(10, ge=1, description="steps between checkpoints")
+    log_to: list[Literal["tensorboard", "wandb"]] = Field(
+        default_factory=list, description="metric sinks besides metrics.jsonl (extras)"
+    )
     out: Path | None = Field(None, description="run directory (default runs/train-TIME)")
     engine_args: dict[str, Any] = Field(default_factory=dict, description="VLLMEngine args")
 

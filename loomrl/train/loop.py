@@ -25,6 +25,7 @@ from loomrl.runs import write_trajectories
 from loomrl.train.checkpoint import latest_checkpoint, load_learner_state, save_checkpoint
 from loomrl.train.config import TrainConfig
 from loomrl.train.learner import Learner
+from loomrl.train.loggers import open_sinks
 from loomrl.types import SamplingParams, Trajectory
 
 StepCallback = Callable[[dict[str, Any]], None]
@@ -36,9 +37,13 @@ def engine_factory(config: TrainConfig) -> Callable[[Path, int], Any]:
     def make(model_dir: Path, policy_version: int) -> Any:
         from loomrl.engines.vllm import VLLMEngine
 
+        args = dict(config.engine_args)
+        # A checkpoint holds the learner's fp32 weights; serve them in the base model's
+        # dtype so a resumed run samples with the numerics it started with.
+        args.setdefault("dtype", _checkpoint_dtype(resolve(config.model)))
         return VLLMEngine(
             str(model_dir), max_model_len=config.max_len, seed=config.seed,
-            policy_version=policy_version, **config.engine_args,
+            policy_version=policy_version, **args,
         )  # fmt: skip
 
     return make
@@ -63,6 +68,7 @@ async def train(
     else:
         torch.manual_seed(config.seed)
     rows = _prepare_run_dir(out, config, start)
+    sinks = open_sinks(config.log_to, out, config.model_dump(mode="json"))
     dtype = getattr(torch, config.dtype)
     model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=dtype)
     tokenizer = AutoTokenizer.from_pretrained(model_dir)
@@ -104,6 +110,8 @@ async def train(
             with open(out / "metrics.jsonl", "a") as f:
                 f.write(json.dumps(row) + "\n")
             rows.append(row)
+            for sink in sinks:
+                sink(row)
             if on_step is not None:
                 on_step(row)
             if (step + 1) % config.checkpoint_every == 0 or step + 1 == config.steps:
@@ -111,6 +119,12 @@ async def train(
     finally:
         await engine.close()
     return rows
+
+
+def _checkpoint_dtype(model_dir: Path) -> str:
+    """The dtype a model directory's config declares (``auto`` when it says none)."""
+    config = json.loads((model_dir / "config.json").read_text())
+    return str(config.get("dtype") or config.get("torch_dtype") or "auto")
 
 
 def _step(

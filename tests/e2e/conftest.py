@@ -5,9 +5,15 @@ Each engine takes ~30 s to start on CPU, so one engine per model is shared by a 
 
 from __future__ import annotations
 
+import os
+
 import pytest
 
 pytestmark = pytest.mark.e2e
+
+# 1 GiB of KV cache holds ~45k tokens of the default model: plenty for these tests, and
+# it leaves memory for the engines of other modules and the CLI's subprocesses.
+os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
 
 
 @pytest.fixture(scope="module")

@@ -23,7 +23,9 @@ async def test_recomputed_logprobs_match_the_engines_sampling_logprobs(default_e
         default_engine, env, env.dataset(3, seed=5), n=2, max_turns=3, max_len=768,
         sampling=loomrl.SamplingParams(max_tokens=24, temperature=1.0, seed=3),
     )  # fmt: skip
-    model = AutoModelForCausalLM.from_pretrained(resolve("smollm2-135m-instruct"))
+    model = AutoModelForCausalLM.from_pretrained(
+        resolve("smollm2-135m-instruct"), dtype=torch.float32
+    )  # transformers 5 would load the checkpoint's bf16
     padded, packed = pad(trajs), pack(trajs)
     from_padded = compute_logprobs(model, padded)
     from_packed = compute_logprobs(model, packed)
