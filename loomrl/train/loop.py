@@ -164,6 +164,20 @@ def _rollout_metrics(trajs: list[Trajectory]) -> dict[str, float]:
     return metrics
 
 
+def _read_rows(path: Path) -> list[dict[str, Any]]:
+    """Metric rows; a torn last line (killed while appending) is dropped: its step ended
+    after the newest checkpoint, which is only written once the row is complete."""
+    lines = [line for line in path.read_text().splitlines() if line.strip()]
+    rows = []
+    for i, line in enumerate(lines):
+        try:
+            rows.append(json.loads(line))
+        except json.JSONDecodeError:
+            if i != len(lines) - 1:
+                raise ValueError(f"{path}: line {i + 1} is not JSON: {line[:80]!r}") from None
+    return rows
+
+
 def _prepare_run_dir(out: Path, config: TrainConfig, start: int) -> list[dict[str, Any]]:
     """Write the config; on resume keep exactly the steps up to the checkpoint."""
     import tomli_w
@@ -180,7 +194,7 @@ def _prepare_run_dir(out: Path, config: TrainConfig, start: int) -> list[dict[st
     rows = []
     metrics = out / "metrics.jsonl"
     if metrics.exists():
-        rows = [json.loads(line) for line in metrics.read_text().splitlines() if line.strip()]
+        rows = _read_rows(metrics)
         rows = [r for r in rows if r["step"] <= start]
         metrics.write_text("".join(json.dumps(r) + "\n" for r in rows))
     for segment in segments.glob("step-*.parquet"):

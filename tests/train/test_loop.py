@@ -86,6 +86,19 @@ async def test_a_crashed_run_resumes_from_its_checkpoint_without_loss_or_repeats
     assert latest_checkpoint(tmp_path).step == 4
 
 
+async def test_a_row_torn_by_a_kill_is_dropped_on_resume(tmp_path, engines):
+    def crash_after_step_3(row):
+        if row["step"] == 3:
+            raise Crash("killed")
+
+    with pytest.raises(Crash):
+        await train(config(), tmp_path, make_engine=engines, on_step=crash_after_step_3)
+    with open(tmp_path / "metrics.jsonl", "a") as f:
+        f.write('{"step": 4, "reward_me')  # the process died mid-append
+    rows = await train(config(), tmp_path, resume=True, make_engine=engines)
+    assert [r["step"] for r in rows] == [1, 2, 3, 4]
+
+
 async def test_resume_without_a_checkpoint_says_so(tmp_path, engines):
     with pytest.raises(FileNotFoundError, match="no checkpoint"):
         await train(config(), tmp_path, resume=True, make_engine=engines)
