@@ -13,45 +13,35 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from loomrl.experience.maker import Experience, make_experience
-from loomrl.runs import load_trajectories
+from loomrl.runs import TRAJECTORY_SCHEMA, load_trajectories, trajectory_table
 
+TOKEN_VALUES = ("advantages", "returns")  # per completion token, from the estimator
+_COLUMNS = (
+    "example_id", "group_id", "sample_index", "env", "prompt_ids", "completion_ids",
+    "logprobs", "loss_mask", *TOKEN_VALUES, "reward", "status", "policy_version",
+)  # fmt: skip
 EXPERIENCE_SCHEMA = pa.schema(
     [
-        ("example_id", pa.int64()),
-        ("group_id", pa.int64()),
-        ("sample_index", pa.int32()),
-        ("env", pa.string()),
-        ("prompt_ids", pa.list_(pa.int32())),
-        ("completion_ids", pa.list_(pa.int32())),
-        ("logprobs", pa.list_(pa.float32())),
-        ("loss_mask", pa.list_(pa.int8())),
-        ("advantages", pa.list_(pa.float32())),
-        ("returns", pa.list_(pa.float32())),
-        ("reward", pa.float64()),
-        ("status", pa.string()),
-        ("policy_version", pa.int64()),
+        pa.field(name, pa.list_(pa.float32()))
+        if name in TOKEN_VALUES
+        else TRAJECTORY_SCHEMA.field(name)
+        for name in _COLUMNS
     ]
 )
 
 
 def experience_table(exp: Experience) -> pa.Table:
-    ts = exp.trajectories
-    columns: dict[str, list[Any]] = {
-        "example_id": [t.example_id for t in ts],
-        "group_id": [t.group_id for t in ts],
-        "sample_index": [t.sample_index for t in ts],
-        "env": [t.env for t in ts],
-        "prompt_ids": [t.prompt_ids for t in ts],
-        "completion_ids": [t.completion_ids for t in ts],
-        "logprobs": [t.logprobs for t in ts],
-        "loss_mask": [t.loss_mask for t in ts],
-        "advantages": exp.advantages,
-        "returns": exp.returns,
-        "reward": [float(t.reward) for t in ts],
-        "status": [str(t.status) for t in ts],
-        "policy_version": [t.policy_version for t in ts],
-    }
-    return pa.Table.from_pydict(columns, schema=EXPERIENCE_SCHEMA)
+    """The trajectory columns of ``exp`` (typed as in ``TRAJECTORY_SCHEMA``) with the
+    per-token advantages and returns."""
+    base = trajectory_table(exp.trajectories)
+    values = {"advantages": exp.advantages, "returns": exp.returns}
+    columns = [
+        pa.array(values[name], EXPERIENCE_SCHEMA.field(name).type)
+        if name in TOKEN_VALUES
+        else base.column(name)
+        for name in _COLUMNS
+    ]
+    return pa.Table.from_arrays(columns, schema=EXPERIENCE_SCHEMA)
 
 
 def parse_options(pairs: list[str]) -> dict[str, Any]:

@@ -201,36 +201,21 @@ class TRLRollout:
         return 0
 
 
-def rollout_func(
-    env: Environment | str,
-    engine: EngineSource,
-    *,
-    sampling: SamplingParams | None = None,
-    max_turns: int | None = None,
-    max_len: int | None = None,
-    chat: ChatTokenizer | None = None,
-    to_example: Callable[[Prompt], dict[str, Any]] = prompt_example,
-    concurrency: int = 256,
-    on_error: Literal["raise", "isolate"] = "raise",
-    env_timeout: float | None = None,
-    sync_weights: bool = True,
-) -> TRLRollout:
+def rollout_func(env: Environment | str, engine: EngineSource, **options: Any) -> TRLRollout:
     """A ``rollout_func`` for ``GRPOTrainer`` playing ``env`` with a loomrl ``engine``.
 
     ``engine`` is an engine, an engine spec (``"vllm:MODEL"``) or a zero-argument factory;
     a spec or factory is built on the owned event loop and closed by ``close()``. An
-    engine object must not yet be bound to another running loop. ``to_example`` maps
-    each TRL prompt to the example ``env.reset`` receives (TRL passes only the prompt
-    column; other dataset columns reach reward functions, not the rollout). With
-    ``sync_weights`` the trainer's model weights are pushed into the engine
-    (``engine.update_weights``) whenever ``engine.policy_version`` differs from
-    ``trainer.state.global_step``. The other arguments are ``loomrl.rollout``'s.
+    engine object must not yet be bound to another running loop. ``options`` are
+    ``TRLRollout``'s keywords: ``to_example`` maps each TRL prompt to the example
+    ``env.reset`` receives (TRL passes only the prompt column; other dataset columns
+    reach reward functions, not the rollout). With ``sync_weights`` (default) the
+    trainer's model weights are pushed into the engine (``engine.update_weights``)
+    whenever ``engine.policy_version`` differs from ``trainer.state.global_step``.
+    ``sampling``, ``max_turns``, ``max_len``, ``chat``, ``concurrency``, ``on_error`` and
+    ``env_timeout`` are ``loomrl.rollout``'s.
     """
-    return TRLRollout(
-        env, engine, sampling=sampling, max_turns=max_turns, max_len=max_len, chat=chat,
-        to_example=to_example, concurrency=concurrency, on_error=on_error,
-        env_timeout=env_timeout, sync_weights=sync_weights,
-    )  # fmt: skip
+    return TRLRollout(env, engine, **options)
 
 
 def to_trl(trajs: Sequence[Trajectory], filler_id: int) -> dict[str, list]:

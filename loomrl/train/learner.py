@@ -112,13 +112,12 @@ class Learner:
             if parts.loss.requires_grad:  # a micro-batch with nothing to score has no graph
                 parts.loss.backward()
             m = mean_w[at].to(device)
-            on = m > 0
             totals["loss"] += float(parts.loss.detach())
             totals["kl"] += float((m * parts.kl).sum())
             totals["clip_frac"] += float((m * parts.clipped).sum())
             totals["is_weight"] += float((m * parts.is_weight).sum())
             totals["entropy"] += float((m * entropy).sum()) if entropy is not None else 0.0
-            totals["gap"] += float((m * (logp.detach() - sampler).abs() * on).sum())
+            totals["gap"] += float((m * (logp.detach() - sampler).abs()).sum())
         params = [p for p in self.model.parameters() if p.requires_grad]
         grad_norm = torch.nn.utils.clip_grad_norm_(params, cfg.max_grad_norm)
         lr = self.scheduler.get_last_lr()[0]

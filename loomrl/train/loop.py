@@ -20,7 +20,7 @@ import torch
 from loomrl.envs import load as load_env
 from loomrl.experience import make_experience
 from loomrl.models import resolve
-from loomrl.rollout import rollout
+from loomrl.rollout import Rollouts, rollout
 from loomrl.runs import write_trajectories
 from loomrl.train.checkpoint import latest_checkpoint, load_learner_state, save_checkpoint
 from loomrl.train.config import TrainConfig
@@ -147,15 +147,16 @@ def _step(
     return {**row, **learner.step(batch)}
 
 
-def _rollout_metrics(trajs: list[Trajectory]) -> dict[str, float]:
-    """Reward and length statistics of one step's trajectories (named components too)."""
-    rewards = torch.tensor([float(t.reward) for t in trajs], dtype=torch.float64)
+def _rollout_metrics(trajs: Rollouts) -> dict[str, float]:
+    """Reward and length statistics of one step's rollouts (from the call's own
+    ``RolloutMetrics``), plus the mean of each named reward component."""
+    m = trajs.metrics
     metrics = {
-        "reward_mean": float(rewards.mean()),
-        "reward_std": float(rewards.std(unbiased=False)),
-        "completion_tokens_mean": sum(t.num_completion_tokens for t in trajs) / len(trajs),
-        "turns_mean": sum(t.turns for t in trajs) / len(trajs),
-        "error_rate": sum(t.status in ("error", "env_timeout") for t in trajs) / len(trajs),
+        "reward_mean": m.reward_mean,
+        "reward_std": m.reward_std,
+        "completion_tokens_mean": m.generated_tokens_mean,
+        "turns_mean": m.turns_mean,
+        "error_rate": m.error_rate + m.env_timeout_rate,
     }
     names = sorted({name for t in trajs for name in t.reward_components})
     for name in names:
