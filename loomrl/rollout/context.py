@@ -11,20 +11,43 @@ import asyncio
 import functools
 import inspect
 import itertools
+import uuid
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
 from loomrl.engines.base import Engine
-from loomrl.envs.base import Environment
+from loomrl.envs.base import Environment, EnvState
 from loomrl.rollout.barrier import TurnBarrier
 from loomrl.tokens import ChatTokenizer
-from loomrl.types import SamplingParams
+from loomrl.types import SamplingParams, Trajectory
 
 
 class EnvTimeout(Exception):
     """An environment call ran past ``env_timeout``."""
+
+
+class Gate(Protocol):
+    """How a producer pauses generation for a weight update (``loomrl.producer.Gate``).
+
+    ``admit`` waits while generation is paused, raises ``Preempted`` when the trajectory
+    may not continue under the current weights, and returns the pause epoch; an aborted
+    generation whose epoch has moved on (``paused_since``) was taken back by the producer.
+    """
+
+    partial_rollout: bool
+
+    async def admit(self, traj: Trajectory) -> int: ...
+
+    def paused_since(self, epoch: int) -> bool: ...
+
+
+class Checkpoint(Protocol):
+    """Called with ``(traj, state, stop)`` whenever a trajectory reaches a point it can be
+    continued from: after each turn's glue, and after a generation a pause cut short."""
+
+    def __call__(self, traj: Trajectory, state: EnvState, stop: tuple[str, ...] | None) -> None: ...
 
 
 @dataclass
@@ -41,6 +64,8 @@ class RolloutContext:
     score_pool: ThreadPoolExecutor
     run_id: str
     barrier: TurnBarrier | None = None
+    gate: Gate | None = None
+    checkpoint: Checkpoint | None = None
     in_flight: set[str] = field(default_factory=set)
     _ids: itertools.count = field(default_factory=itertools.count)
 
@@ -87,6 +112,56 @@ class RolloutContext:
                 f"{self.env.name}.{what} took longer than env_timeout={self.env_timeout}s"
             ) from None
         return result
+
+
+def open_context(
+    engine: Engine,
+    env: Environment,
+    *,
+    chat: ChatTokenizer | None,
+    sampling: SamplingParams | None,
+    max_turns: int | None,
+    max_len: int | None,
+    env_timeout: float | None,
+    isolate_errors: bool,
+    env_workers: int,
+) -> RolloutContext:
+    """Check the limits and build a context; ``close_context`` releases its pools.
+
+    ``max_turns`` defaults to the environment's, ``max_len`` to the engine's context;
+    ``chat`` to a ``ChatTokenizer`` over ``engine.tokenizer``.
+    """
+    turns = env.max_turns if max_turns is None else max_turns  # 0 is an error, not "unset"
+    if turns < 1:
+        raise ValueError(f"max_turns must be >= 1, got {turns}")
+    if env_workers < 1:
+        raise ValueError(f"env_workers must be >= 1, got {env_workers}")
+    if chat is None:
+        tokenizer = getattr(engine, "tokenizer", None)
+        if tokenizer is None:
+            raise ValueError("the engine has no tokenizer; pass chat=ChatTokenizer(tokenizer)")
+        chat = ChatTokenizer(tokenizer)
+    limit = engine.max_model_len if max_len is None else min(max_len, engine.max_model_len)
+    return RolloutContext(
+        engine=engine,
+        env=env,
+        chat=chat,
+        sampling=sampling or SamplingParams(),
+        max_turns=turns,
+        max_len=limit,
+        env_timeout=env_timeout,
+        isolate_errors=isolate_errors,
+        env_pool=ThreadPoolExecutor(env_workers, thread_name_prefix="loomrl-env"),
+        score_pool=ThreadPoolExecutor(
+            env_workers if env.thread_safe else 1, thread_name_prefix="loomrl-score"
+        ),
+        run_id=uuid.uuid4().hex[:8],
+    )
+
+
+def close_context(ctx: RolloutContext) -> None:
+    ctx.env_pool.shutdown(wait=False, cancel_futures=True)
+    ctx.score_pool.shutdown(wait=False, cancel_futures=True)
 
 
 @functools.lru_cache(maxsize=1024)

@@ -12,16 +12,14 @@ from __future__ import annotations
 
 import asyncio
 import time
-import uuid
 from collections.abc import Callable, Iterable, Sequence
-from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Literal
 
 from loomrl.engines.base import Engine
 from loomrl.envs import load as load_env
 from loomrl.envs.base import Environment, EnvState
 from loomrl.rollout.barrier import TurnBarrier
-from loomrl.rollout.context import RolloutContext
+from loomrl.rollout.context import RolloutContext, close_context, open_context
 from loomrl.rollout.gc_pacing import fewer_collections
 from loomrl.rollout.metrics import RolloutMetrics, compute_metrics
 from loomrl.rollout.scoring import batches_scores, score
@@ -65,40 +63,18 @@ async def rollout(
     re-raises the first error; ``"isolate"`` marks that trajectory ``error`` and goes on.
     ``chat`` defaults to a ``ChatTokenizer`` over ``engine.tokenizer``.
     """
-    if n < 1 or concurrency < 1 or env_workers < 1:
-        raise ValueError(
-            f"n, concurrency and env_workers must be >= 1, got {n}, {concurrency}, {env_workers}"
-        )
+    if n < 1 or concurrency < 1:
+        raise ValueError(f"n and concurrency must be >= 1, got {n}, {concurrency}")
     if on_error not in ("raise", "isolate"):
         raise ValueError(f"on_error must be 'raise' or 'isolate', got {on_error!r}")
     if mode not in ("continuous", "turn_sync"):
         raise ValueError(f"mode must be 'continuous' or 'turn_sync', got {mode!r}")
     env = load_env(env) if isinstance(env, str) else env
-    turns = env.max_turns if max_turns is None else max_turns  # 0 is an error, not "unset"
-    if turns < 1:
-        raise ValueError(f"max_turns must be >= 1, got {turns}")
-    if chat is None:
-        tokenizer = getattr(engine, "tokenizer", None)
-        if tokenizer is None:
-            raise ValueError("the engine has no tokenizer; pass chat=ChatTokenizer(tokenizer)")
-        chat = ChatTokenizer(tokenizer)
+    ctx = open_context(
+        engine, env, chat=chat, sampling=sampling, max_turns=max_turns, max_len=max_len,
+        env_timeout=env_timeout, isolate_errors=on_error == "isolate", env_workers=env_workers,
+    )  # fmt: skip
     examples = list(examples)
-    limit = engine.max_model_len if max_len is None else min(max_len, engine.max_model_len)
-    ctx = RolloutContext(
-        engine=engine,
-        env=env,
-        chat=chat,
-        sampling=sampling or SamplingParams(),
-        max_turns=turns,
-        max_len=limit,
-        env_timeout=env_timeout,
-        isolate_errors=on_error == "isolate",
-        env_pool=ThreadPoolExecutor(env_workers, thread_name_prefix="loomrl-env"),
-        score_pool=ThreadPoolExecutor(
-            env_workers if env.thread_safe else 1, thread_name_prefix="loomrl-score"
-        ),
-        run_id=uuid.uuid4().hex[:8],
-    )
     trajs = [
         Trajectory(
             example_id=_example_id(example, i),
@@ -121,8 +97,7 @@ async def rollout(
                     ctx.barrier = TurnBarrier(len(wave))
                     await runner.run(wave, len(wave))
         finally:
-            ctx.env_pool.shutdown(wait=False, cancel_futures=True)
-            ctx.score_pool.shutdown(wait=False, cancel_futures=True)
+            close_context(ctx)
     return Rollouts(trajs, compute_metrics(trajs, n, time.perf_counter() - start))
 
 

@@ -10,7 +10,7 @@ what is trained on is exactly what the model saw.
 from __future__ import annotations
 
 import time
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from typing import Any
 
 from loomrl.envs.base import EnvState
@@ -22,15 +22,40 @@ class PromptTooLong(ValueError):
     """The opening prompt leaves no room to generate within ``max_len``."""
 
 
+class Preempted(Exception):
+    """A producer took the trajectory back: it restarts from the prompt.
+
+    ``reason`` is ``"restart"`` (the weights changed and partial rollout is off, so its
+    tokens would mix policy versions) or ``"expired"`` (its oldest tokens are older than
+    the staleness bound allows).
+    """
+
+    def __init__(self, reason: str, message: str) -> None:
+        super().__init__(message)
+        self.reason = reason
+
+
+@dataclass(slots=True)
+class Resume:
+    """Where a checkpointed trajectory continues: its env state and the stop strings the
+    environment set for the next generation."""
+
+    state: EnvState
+    stop: tuple[str, ...] | None = None
+
+
 async def run_trajectory(
-    ctx: RolloutContext, traj: Trajectory, example: dict[str, Any]
+    ctx: RolloutContext, traj: Trajectory, example: dict[str, Any], resume: Resume | None = None
 ) -> EnvState | None:
     """Play ``example`` to the end into ``traj``; return the episode's env state for
     scoring, or None when it ended in an error or timeout (errors raise unless
-    ``ctx.isolate_errors``)."""
+    ``ctx.isolate_errors``). With ``resume``, ``traj`` holds a checkpointed prefix that
+    is continued as it is, never re-rendered."""
     started = time.perf_counter()
     try:
-        return await _play(ctx, traj, example)
+        return await _play(ctx, traj, example, resume)
+    except Preempted:
+        raise
     except EnvTimeout as exc:
         traj.status, traj.error = Status.ENV_TIMEOUT, str(exc)
     except Exception as exc:
@@ -38,44 +63,68 @@ async def run_trajectory(
             raise
         traj.status, traj.error = Status.ERROR, f"{type(exc).__name__}: {exc}"
     finally:
-        traj.timings["rollout_s"] = time.perf_counter() - started
+        traj.timings["rollout_s"] = traj.timings.get("rollout_s", 0.0) + (
+            time.perf_counter() - started
+        )
         if ctx.barrier is not None:
             ctx.barrier.leave()
     return None
 
 
-async def _play(ctx: RolloutContext, traj: Trajectory, example: dict[str, Any]) -> EnvState:
+async def _play(
+    ctx: RolloutContext, traj: Trajectory, example: dict[str, Any], resume: Resume | None
+) -> EnvState:
     env, chat, clock = ctx.env, ctx.chat, traj.timings
-    state = await ctx.env_call(env.reset, example, what="reset")
-    traj.messages = state.messages  # replaced below by the part the tokens encode
-    traj.prompt_ids = chat.prompt_ids(state.messages, state.tools)
-    if len(traj.prompt_ids) >= ctx.max_len:
-        raise PromptTooLong(
-            f"example {traj.example_id}: prompt of {len(traj.prompt_ids)} tokens leaves no room "
-            f"to generate within max_len={ctx.max_len}"
-        )
+    if resume is None:
+        state = await ctx.env_call(env.reset, example, what="reset")
+        traj.messages = state.messages  # replaced below by the part the tokens encode
+        traj.prompt_ids = chat.prompt_ids(state.messages, state.tools)
+        if len(traj.prompt_ids) >= ctx.max_len:
+            raise PromptTooLong(
+                f"example {traj.example_id}: prompt of {len(traj.prompt_ids)} tokens leaves "
+                f"no room to generate within max_len={ctx.max_len}"
+            )
+        stop: tuple[str, ...] | None = None
+    else:
+        state, stop = resume.state, resume.stop
     ids, logprobs, mask = traj.completion_ids, traj.logprobs, traj.loss_mask
     encoded = len(state.messages)
-    stop: tuple[str, ...] | None = None
-    for turn in range(1, ctx.max_turns + 1):
-        budget = ctx.max_len - len(traj.prompt_ids) - len(ids)
-        if budget <= 0:
+    for turn in range(traj.turns + 1, ctx.max_turns + 1):
+        turn_start = _open_turn_start(traj)
+        while True:  # one turn: several pieces when a weight update cuts a generation
+            budget = ctx.max_len - len(traj.prompt_ids) - len(ids)
+            if budget <= 0:
+                break
+            epoch = 0 if ctx.gate is None else await ctx.gate.admit(traj)
+            if ctx.barrier is not None:
+                await ctx.barrier.wait()
+            made = len(ids) - turn_start
+            t0 = time.perf_counter()
+            out = await _generate(
+                ctx, traj.prompt_ids + ids, budget, stop, _seed(ctx, traj, turn, made), made
+            )
+            clock["generate_s"] = clock.get("generate_s", 0.0) + time.perf_counter() - t0
+            if out.token_ids:
+                traj.spans.append((len(ids), len(ids) + len(out.token_ids)))
+                traj.span_versions.append(out.policy_version)
+                traj.finish_reasons.append(out.finish_reason)
+                ids += out.token_ids
+                logprobs += out.logprobs
+                mask += [1] * len(out.token_ids)
+            if out.finish_reason == "abort" and ctx.gate and ctx.gate.paused_since(epoch):
+                if not ctx.gate.partial_rollout:
+                    raise Preempted("restart", "a weight update aborted the generation")
+                if ctx.checkpoint is not None:
+                    ctx.checkpoint(traj, state, stop)
+                continue  # the rest of this turn comes from the new weights
+            break
+        if len(ids) == turn_start:  # no room was left to generate
             traj.status = Status.TRUNCATED
             break
-        if ctx.barrier is not None:
-            await ctx.barrier.wait()
-        t0 = time.perf_counter()
-        out = await _generate(ctx, traj.prompt_ids + ids, budget, stop, _seed(ctx, traj, turn))
-        clock["generate_s"] = clock.get("generate_s", 0.0) + time.perf_counter() - t0
-        traj.spans.append((len(ids), len(ids) + len(out.token_ids)))
-        traj.span_versions.append(out.policy_version)
-        traj.finish_reasons.append(out.finish_reason)
-        ids += out.token_ids
-        logprobs += out.logprobs
-        mask += [1] * len(out.token_ids)
         traj.turns += 1
-        ended_with_eot = chat.ends_with_eot(out.token_ids)
-        body = out.token_ids[: -len(chat.end_of_turn_ids)] if ended_with_eot else out.token_ids
+        turn_ids = ids[turn_start:]
+        ended_with_eot = chat.ends_with_eot(turn_ids)
+        body = turn_ids[: -len(chat.end_of_turn_ids)] if ended_with_eot else turn_ids
         message = {"role": "assistant", "content": chat.decode(body)}
         state.messages.append(message)
         state.turn += 1
@@ -108,19 +157,36 @@ async def _play(ctx: RolloutContext, traj: Trajectory, example: dict[str, Any]) 
         mask += [0] * len(glue)
         encoded = len(state.messages)
         stop = step.stop
+        if ctx.checkpoint is not None:
+            ctx.checkpoint(traj, state, stop)
     # The env's closing reply stays in the state (scoring reads it) but not in the
     # trajectory, whose messages are exactly the conversation its tokens encode.
     traj.messages = state.messages[:encoded]
     return state
 
 
-def _seed(ctx: RolloutContext, traj: Trajectory, turn: int) -> int | None:
+def _open_turn_start(traj: Trajectory) -> int:
+    """Where the turn being generated began: a turn a weight update cut short ends in
+    spans that finished with ``abort`` and is continued, not started afresh."""
+    start = len(traj.completion_ids)
+    for (begin, _end), reason in zip(
+        reversed(traj.spans), reversed(traj.finish_reasons), strict=True
+    ):
+        if reason != "abort" or _end != start:
+            break
+        start = begin
+    return start
+
+
+def _seed(ctx: RolloutContext, traj: Trajectory, turn: int, made: int) -> int | None:
     """A distinct seed per request, derived from ``sampling.seed``: the ``n`` samples of a
-    group differ, and rerunning a call reproduces every trajectory whatever the schedule."""
+    group differ, and rerunning a call reproduces every trajectory whatever the schedule.
+    A continued turn (``made`` tokens already generated) gets a seed of its own."""
     base = ctx.sampling.seed
     if base is None:
         return None
-    return hash((base, traj.group_id, traj.sample_index, turn)) & 0x7FFFFFFF  # ints: stable
+    key = (base, traj.group_id, traj.sample_index, turn)
+    return hash((*key, made) if made else key) & 0x7FFFFFFF  # ints: stable
 
 
 async def _generate(
@@ -129,13 +195,17 @@ async def _generate(
     budget: int,
     stop: tuple[str, ...] | None,
     seed: int | None,
+    made: int = 0,
 ) -> Completion:
+    """One request; ``made`` tokens of this turn already exist (a continued turn), so the
+    turn's ``max_tokens`` and ``min_tokens`` count them."""
     params = ctx.sampling
-    if budget < params.max_tokens or stop or seed is not None:
+    if budget < params.max_tokens - made or stop or seed is not None or made:
+        left = min(params.max_tokens - made, budget)
         params = replace(
             params,
-            max_tokens=min(params.max_tokens, budget),
-            min_tokens=min(params.min_tokens, budget),
+            max_tokens=left,
+            min_tokens=min(max(params.min_tokens - made, 0), left),
             stop=params.stop + tuple(stop or ()),
             seed=seed,
         )

@@ -1,0 +1,310 @@
+"""The producer core: launch groups, run their samples, checkpoint, score, classify.
+
+``SyncProducer`` and ``AsyncProducer`` differ only in *when* they launch and pause;
+everything a group goes through lives here. Each sample is one turn-loop coroutine
+(``loomrl.rollout``) that passes the ``Gate`` before every generation and checkpoints into
+the buffer's log at every turn, so a weight update, an expiry or a crash costs at most
+the turn in progress.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable, Sequence
+from typing import Any, Literal
+
+from loomrl.aio import gather_or_cancel
+from loomrl.engines.base import Engine
+from loomrl.envs.base import EnvState
+from loomrl.producer.buffer import ReplayBuffer
+from loomrl.producer.config import ProducerConfig
+from loomrl.producer.gate import Gate
+from loomrl.producer.group import UNTRAINABLE, Group, GroupStatus, Sample
+from loomrl.producer.progress import Progress
+from loomrl.producer.tasks import Task, next_task
+from loomrl.rollout.context import RolloutContext, close_context, open_context
+from loomrl.rollout.scoring import score
+from loomrl.rollout.turn_loop import Preempted, Resume, run_trajectory
+from loomrl.tokens import ChatTokenizer
+from loomrl.types import SamplingParams, Trajectory
+
+GroupCheck = Callable[[Group], bool]
+
+
+class Producer:
+    """Shared machinery; use ``SyncProducer`` or ``AsyncProducer``.
+
+    ``is_valid_group(group)`` decides whether a finished, error-free group is trained on
+    (else ``filtered``); ``should_continue(progress)`` whether new groups may be drawn.
+    ``on_group(group)`` is told of every group that reaches a final state.
+    """
+
+    def __init__(
+        self,
+        engine: Engine,
+        tasks: Task | Sequence[Task],
+        config: ProducerConfig | None = None,
+        *,
+        buffer: ReplayBuffer | None = None,
+        sampling: SamplingParams | None = None,
+        max_turns: int | None = None,
+        max_len: int | None = None,
+        env_timeout: float | None = None,
+        on_error: Literal["raise", "isolate"] = "isolate",
+        concurrency: int = 256,
+        env_workers: int = 64,
+        chat: ChatTokenizer | None = None,
+        is_valid_group: GroupCheck | None = None,
+        should_continue: Callable[[Progress], bool] | None = None,
+        on_group: Callable[[Group], None] | None = None,
+    ) -> None:
+        tasks = [tasks] if isinstance(tasks, Task) else list(tasks)
+        names = [t.name for t in tasks]
+        if not tasks or len(set(names)) != len(names):
+            raise ValueError(f"a producer needs tasks with distinct names, got {names}")
+        if on_error not in ("raise", "isolate"):
+            raise ValueError(f"on_error must be 'raise' or 'isolate', got {on_error!r}")
+        self.engine = engine
+        self.config = config or ProducerConfig()
+        self.tasks = {t.name: t for t in tasks}
+        self.buffer = (
+            buffer if buffer is not None else ReplayBuffer(capacity=self.config.buffer_size)
+        )
+        self.is_valid_group = is_valid_group
+        self.should_continue = should_continue
+        self.on_group = on_group
+        self.gate = Gate(
+            engine,
+            partial_rollout=self.config.partial_rollout,
+            max_staleness=self.config.max_staleness,
+        )
+        self._check_resumed_groups()
+        self.contexts: dict[str, RolloutContext] = {}
+        for task in tasks:
+            ctx = open_context(
+                engine, task.env, chat=chat, sampling=sampling, max_turns=max_turns,
+                max_len=max_len, env_timeout=env_timeout, isolate_errors=on_error == "isolate",
+                env_workers=env_workers,
+            )  # fmt: skip
+            ctx.gate, ctx.checkpoint = self.gate, self._checkpoint
+            self.contexts[task.name] = ctx
+            chat = ctx.chat  # one template cache for every task
+        self._slots = asyncio.Semaphore(concurrency)
+        self._running: dict[int, asyncio.Task[None]] = {}
+        self._waiters: set[asyncio.Event] = set()
+        self._failure: BaseException | None = None
+        self._closed = False
+
+    # -- public --------------------------------------------------------------------------
+    @property
+    def progress(self) -> Progress:
+        return self.buffer.progress
+
+    @property
+    def running(self) -> int:
+        return len(self._running)
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"progress": self.progress.state_dict()}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.progress.load_state_dict(state["progress"])
+
+    async def update_weights(self, weights: Any, version: int | None = None) -> float:
+        """Pause, abort what is generating, load the weights, resume; returns the seconds
+        the engine's load took. Aborted samples keep their tokens (version-stamped) with
+        ``partial_rollout`` and continue under the new weights; without it they restart."""
+        was_open = self.gate.is_open
+        await self.pause()
+        seconds = await self.engine.update_weights(weights, version=version)  # type: ignore[attr-defined]
+        if was_open:
+            self.resume()
+        return float(seconds)
+
+    async def pause(self) -> None:
+        """Stop generation: new requests wait at the gate, in-flight ones are aborted."""
+        self.gate.close()
+        ids = [rid for ctx in self.contexts.values() for rid in ctx.in_flight]
+        if ids:
+            await self.engine.abort(ids)
+
+    def resume(self) -> None:
+        self.gate.open()
+        self._poke()
+
+    async def run_to_end(self) -> None:
+        """Produce every example of every task (for ``loomrl rollout``), no training."""
+        self.resume()
+        while True:
+            self._raise_failure()
+            self._launch_while(lambda: len(self._running) < self.config.in_flight_limit)
+            if not self._running:
+                return
+            await self._wait_change()
+
+    async def close(self) -> None:
+        """Stop: running groups keep their checkpoints (status ``pending`` in the log)."""
+        if self._closed:
+            return
+        self._closed = True
+        await self.pause()
+        tasks = list(self._running.values())
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        for ctx in self.contexts.values():
+            close_context(ctx)
+
+    async def __aenter__(self) -> Producer:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()
+
+    # -- launching -----------------------------------------------------------------------
+    def _launch_while(self, allowed: Callable[[], bool]) -> None:
+        while allowed():
+            group = self._next_group()
+            if group is None:
+                return
+            self._running[group.group_id] = asyncio.create_task(self._run_group(group))
+
+    def _next_group(self) -> Group | None:
+        """A waiting group (tail groups first), else a new one from the task furthest
+        behind its weight; None when nothing may start."""
+        for group in self.buffer.waiting():
+            if group.group_id not in self._running:
+                if group.status != GroupStatus.PENDING:
+                    self.buffer.restart(group)
+                return group
+        if self.should_continue is not None and not self.should_continue(self.progress):
+            return None
+        room = self.buffer.room()
+        if room is not None and room <= 0:
+            return None
+        open_tasks = {
+            name: t.weight
+            for name, t in self.tasks.items()
+            if self.progress.task(name).launched < len(t.examples)
+        }
+        name = next_task(open_tasks, {n: self.progress.task(n).launched for n in open_tasks})
+        if name is None:
+            return None
+        index = self.progress.task(name).launched
+        group = Group(
+            group_id=self.buffer.next_group_id(), task=name, example_index=index,
+            example=dict(self.tasks[name].examples[index]), n=self.config.n,
+        )  # fmt: skip
+        self.buffer.add(group)
+        return group
+
+    def _exhausted(self) -> bool:
+        """Nothing runs and nothing more may start: production is over."""
+        return not self._running and self._next_group_peek() is False
+
+    def _next_group_peek(self) -> bool:
+        if any(g.group_id not in self._running for g in self.buffer.waiting()):
+            return True
+        if self.should_continue is not None and not self.should_continue(self.progress):
+            return False
+        return any(
+            self.progress.task(name).launched < len(t.examples) for name, t in self.tasks.items()
+        )
+
+    # -- one group -----------------------------------------------------------------------
+    async def _run_group(self, group: Group) -> None:
+        try:
+            ctx = self.contexts[group.task]
+            states = await gather_or_cancel(
+                [self._run_sample(ctx, group, i) for i in range(group.n)]
+            )
+            trajs = group.trajectories()
+            await score(ctx, trajs, states)
+            self.buffer.finish(group, *self._verdict(group))
+            if self.on_group is not None:
+                self.on_group(group)
+        except asyncio.CancelledError:
+            raise
+        except BaseException as exc:
+            if self._failure is None:
+                self._failure = exc
+        finally:
+            self._running.pop(group.group_id, None)
+            self._poke()
+
+    async def _run_sample(self, ctx: RolloutContext, group: Group, index: int) -> EnvState | None:
+        while True:
+            sample = group.samples.get(index)
+            ended = sample is not None and sample.done
+            if ended and (sample.state is not None or sample.traj.status in UNTRAINABLE):
+                return sample.state
+            resume = None
+            if sample is not None and sample.state is not None and not sample.done:
+                traj, resume = sample.traj, Resume(sample.state, sample.stop)
+            else:
+                if sample is not None:  # its env state could not be saved: start again
+                    self.buffer.drop_sample(group, index, "restarted")
+                traj = Trajectory(
+                    example_id=_example_id(group), group_id=group.group_id,
+                    sample_index=index, env=ctx.env.name,
+                )  # fmt: skip
+            async with self._slots:
+                try:
+                    state = await run_trajectory(ctx, traj, group.example, resume)
+                except Preempted as exc:
+                    group.samples[index] = Sample(traj, None)
+                    self.buffer.drop_sample(group, index, exc.reason)
+                    continue
+            self.buffer.checkpoint(group, index, Sample(traj, state, None, done=True))
+            return state
+
+    def _verdict(self, group: Group) -> tuple[GroupStatus, str]:
+        if not group.trainable():
+            bad = sorted({str(t.status) for t in group.trajectories()} & set(map(str, UNTRAINABLE)))
+            return GroupStatus.FAILED, f"samples ended in {', '.join(bad)}"
+        rewards = [t.reward for t in group.trajectories()]
+        if self.config.drop_zero_variance and len(rewards) > 1 and max(rewards) == min(rewards):
+            return GroupStatus.FILTERED, "every reward equal"
+        if self.is_valid_group is not None and not self.is_valid_group(group):
+            return GroupStatus.FILTERED, "is_valid_group returned False"
+        return GroupStatus.COMPLETED, ""
+
+    def _checkpoint(self, traj: Trajectory, state: EnvState, stop: tuple[str, ...] | None) -> None:
+        group = self.buffer.groups[traj.group_id]
+        self.buffer.checkpoint(group, traj.sample_index, Sample(traj, state, stop))
+
+    def _check_resumed_groups(self) -> None:
+        """A resumed buffer's groups must belong to this producer's tasks and group size."""
+        for group in self.buffer.groups.values():
+            if group.task not in self.tasks:
+                raise ValueError(
+                    f"the buffer holds group {group.group_id} of task {group.task!r}, which "
+                    f"this producer does not have (tasks: {sorted(self.tasks)})"
+                )
+            if group.n != self.config.n:
+                raise ValueError(
+                    f"the buffer's groups have n={group.n}, this producer n={self.config.n}"
+                )
+
+    # -- waiting -------------------------------------------------------------------------
+    def _poke(self) -> None:
+        for event in self._waiters:
+            event.set()
+
+    async def _wait_change(self) -> None:
+        """Until a group ends, a batch is taken or production is resumed."""
+        event = asyncio.Event()
+        self._waiters.add(event)
+        try:
+            await event.wait()
+        finally:
+            self._waiters.discard(event)
+
+    def _raise_failure(self) -> None:
+        if self._failure is not None:
+            raise self._failure
+
+
+def _example_id(group: Group) -> int:
+    value = group.example.get("id")
+    return value if isinstance(value, int) and not isinstance(value, bool) else group.example_index
