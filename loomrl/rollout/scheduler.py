@@ -63,8 +63,10 @@ async def rollout(
     re-raises the first error; ``"isolate"`` marks that trajectory ``error`` and goes on.
     ``chat`` defaults to a ``ChatTokenizer`` over ``engine.tokenizer``.
     """
-    if n < 1 or concurrency < 1:
-        raise ValueError(f"n and concurrency must be >= 1, got {n}, {concurrency}")
+    if n < 1 or concurrency < 1 or env_workers < 1:
+        raise ValueError(
+            f"n, concurrency and env_workers must be >= 1, got {n}, {concurrency}, {env_workers}"
+        )
     if on_error not in ("raise", "isolate"):
         raise ValueError(f"on_error must be 'raise' or 'isolate', got {on_error!r}")
     if mode not in ("continuous", "turn_sync"):
