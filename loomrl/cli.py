@@ -88,7 +88,7 @@ def cmd_envs(_args: argparse.Namespace) -> int:
 
 def cmd_rollout(args: argparse.Namespace) -> int:
     from loomrl.config import RolloutConfig
-    from loomrl.rollout_cli import run_rollout, sample_panel, summary_table
+    from loomrl.rollout_cli import resume_config, run_rollout, sample_panel, summary_table
 
     overrides = {
         "env": args.env,
@@ -104,8 +104,18 @@ def cmd_rollout(args: argparse.Namespace) -> int:
         "mode": args.mode,
         "out": args.out,
     }
-    config = RolloutConfig.load(args.config, overrides)
-    out, results = asyncio.run(run_rollout(config, console))
+    if args.resume is not None:
+        given = sorted(k for k, v in overrides.items() if v is not None)
+        if given or args.config is not None:
+            console.print(
+                f"[red]error:[/] --resume continues {args.resume} as it was configured; "
+                f"drop {', '.join('--' + k.replace('_', '-') for k in given) or '--config'}"
+            )
+            return 2
+        config = resume_config(args.resume)
+    else:
+        config = RolloutConfig.load(args.config, overrides)
+    out, results = asyncio.run(run_rollout(config, console, resume=args.resume is not None))
     console.print(sample_panel(max(results, key=lambda t: (t.reward, -t.example_id))))
     console.print(summary_table(results.metrics.as_dict(), out))
     console.print(f"wrote {out}/trajectories.parquet, metrics.json, config.toml, report.md")
@@ -185,6 +195,11 @@ def build_parser() -> argparse.ArgumentParser:
     roll.add_argument("--seed", type=int)
     roll.add_argument("--mode", choices=["continuous", "turn_sync"])
     roll.add_argument("--out", type=Path, help="run directory (default runs/rollout-TIME)")
+    roll.add_argument(
+        "--resume", type=Path, metavar="RUN_DIR",
+        help="continue a killed or interrupted run in RUN_DIR (keeps finished groups and "
+        "continues in-flight trajectories from their last turn)",
+    )  # fmt: skip
     roll.set_defaults(func=cmd_rollout)
 
     exp = sub.add_parser("experience", help="advantages for a run's trajectories (Parquet)")

@@ -39,6 +39,10 @@ TRAJECTORY_SCHEMA = pa.schema(
         ("num_completion_tokens", pa.int32()),
         ("num_env_tokens", pa.int32()),
         ("error", pa.string()),
+        ("span_starts", pa.list_(pa.int32())),
+        ("span_ends", pa.list_(pa.int32())),
+        ("span_versions", pa.list_(pa.int64())),
+        ("finish_reasons", pa.list_(pa.string())),
     ]
 )
 
@@ -63,6 +67,10 @@ def trajectory_table(trajs: Sequence[Trajectory]) -> pa.Table:
         "num_completion_tokens": [t.num_completion_tokens for t in trajs],
         "num_env_tokens": [t.num_env_tokens for t in trajs],
         "error": [t.error for t in trajs],
+        "span_starts": [[start for start, _ in t.spans] for t in trajs],
+        "span_ends": [[end for _, end in t.spans] for t in trajs],
+        "span_versions": [t.span_versions for t in trajs],
+        "finish_reasons": [t.finish_reasons for t in trajs],
     }
     return pa.Table.from_pydict(columns, schema=TRAJECTORY_SCHEMA)
 
@@ -86,9 +94,10 @@ def read_trajectories(path: Path | str) -> list[dict[str, Any]]:
 def load_trajectories(path: Path | str) -> list[Trajectory]:
     """A trajectories file as ``Trajectory`` records, each row checked first.
 
-    Spans are the runs of 1s in ``loss_mask`` and every span gets the row's
-    ``policy_version`` (the file keeps the oldest version only). A malformed row raises
-    ``ValueError`` naming the row and the problem; nothing is repaired silently.
+    Spans and their versions come from the span columns; files written before those
+    columns existed get the runs of 1s in ``loss_mask``, each with the row's
+    ``policy_version``. A malformed row raises ``ValueError`` naming the row and the
+    problem; nothing is repaired silently.
     """
     trajs = []
     for i, row in enumerate(read_trajectories(path)):
@@ -96,7 +105,7 @@ def load_trajectories(path: Path | str) -> list[Trajectory]:
         problem = _row_problem(row)
         if problem:
             raise ValueError(f"{where}: {problem}")
-        spans = _mask_runs(row["loss_mask"])
+        spans, versions = _spans(row)
         trajs.append(
             Trajectory(
                 example_id=row["example_id"], group_id=row["group_id"],
@@ -104,7 +113,8 @@ def load_trajectories(path: Path | str) -> list[Trajectory]:
                 prompt_ids=row["prompt_ids"], completion_ids=row["completion_ids"],
                 logprobs=row["logprobs"], loss_mask=row["loss_mask"],
                 messages=row["messages"], spans=spans,
-                span_versions=[row["policy_version"]] * len(spans), turns=row["turns"],
+                span_versions=versions, finish_reasons=row.get("finish_reasons") or [],
+                turns=row["turns"],
                 status=Status(row["status"]), reward=row["reward"],
                 reward_components=row["reward_components"], error=row["error"],
             )
@@ -129,10 +139,38 @@ def _row_problem(row: Mapping[str, Any]) -> str | None:
     glue = [j for j, (lp, bit) in pairs if not bit and lp != 0]
     if glue:
         return f"logprob must be 0.0 on environment tokens (mask 0), not at positions {glue[:5]}"
+    if row.get("span_starts"):
+        problem = _span_problem(row)
+        if problem:
+            return problem
     failed = row["status"] in (Status.ERROR, Status.ENV_TIMEOUT, Status.ABORTED)
     if not failed and (row["reward"] is None or row["reward"] != row["reward"]):
         return f"reward is {row['reward']!r}; a trajectory to train on needs a number"
     return None
+
+
+def _span_problem(row: Mapping[str, Any]) -> str | None:
+    """The span columns must cover exactly the mask-1 positions, one version per span."""
+    starts, ends, versions = row["span_starts"], row["span_ends"], row["span_versions"]
+    if versions is None or ends is None or not len(starts) == len(ends) == len(versions):
+        return "span_starts, span_ends and span_versions must have equal lengths"
+    covered = [0] * len(row["loss_mask"])
+    for start, end in zip(starts, ends, strict=True):
+        if not 0 <= start <= end <= len(covered):
+            return f"span ({start}, {end}) is outside the {len(covered)} completion tokens"
+        covered[start:end] = [1] * (end - start)
+    if covered != list(row["loss_mask"]):
+        return "the spans do not cover exactly the loss_mask 1 positions"
+    if versions and row["policy_version"] != min(versions):
+        return f"policy_version {row['policy_version']} is not the oldest span version"
+    return None
+
+
+def _spans(row: Mapping[str, Any]) -> tuple[list[tuple[int, int]], list[int]]:
+    if not row.get("span_starts"):  # no span record (an older file or a hand-made row)
+        runs = _mask_runs(row["loss_mask"])
+        return runs, [row["policy_version"]] * len(runs)
+    return list(zip(row["span_starts"], row["span_ends"], strict=True)), row["span_versions"]
 
 
 def _mask_runs(mask: Sequence[int]) -> list[tuple[int, int]]:

@@ -32,6 +32,10 @@ DOCUMENTED_COLUMNS = [
     ("num_completion_tokens", "int32"),
     ("num_env_tokens", "int32"),
     ("error", "string"),
+    ("span_starts", "list<item: int32>"),
+    ("span_ends", "list<item: int32>"),
+    ("span_versions", "list<item: int64>"),
+    ("finish_reasons", "list<item: string>"),
 ]
 
 

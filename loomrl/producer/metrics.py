@@ -25,6 +25,7 @@ def producer_metrics(buffer: ReplayBuffer) -> dict[str, float | int]:
         "groups_aborted": p.total("aborted"),
         "samples_expired": p.total("expired_samples"),
         "samples_restarted": p.total("restarted"),
+        "samples_resumed": p.total("resumed"),
         "tokens_produced": p.total("produced_tokens"),
         "tokens_consumed": p.total("consumed_tokens"),
         "tokens_unused": p.total("unused_tokens"),

@@ -241,6 +241,7 @@ class Producer:
             resume = None
             if sample is not None and sample.state is not None and not sample.done:
                 traj, resume = sample.traj, Resume(sample.state, sample.stop)
+                self.progress.task(group.task).resumed += 1
             else:
                 if sample is not None:  # its env state could not be saved: start again
                     self.buffer.drop_sample(group, index, "restarted")
