@@ -10,17 +10,10 @@ were kept as they were, and that in-flight samples were continued from their pre
 from __future__ import annotations
 
 import json
-import os
-import pickle
-import signal
-import sqlite3
-import subprocess
 import sys
 import textwrap
-import time
-from pathlib import Path
 
-import pytest
+from crash import check_resumed, kill_mid_production
 from rich.console import Console
 
 from loomrl.runs import read_trajectories
@@ -65,65 +58,13 @@ def child_source(step_s: float) -> str:
     return f"EXAMPLES, N, STEP = {EXAMPLES}, {N}, {step_s}\n" + CHILD
 
 
-def logged(run_dir: Path) -> tuple[dict[int, str], dict[tuple[int, int], object]]:
-    """Group statuses and unpickled samples as the log holds them right now."""
-    db = sqlite3.connect(f"file:{run_dir / 'buffer.sqlite'}?mode=ro", uri=True, timeout=5)
-    try:
-        statuses = dict(db.execute("SELECT group_id, status FROM groups"))
-        samples = {
-            (gid, index): pickle.loads(data)
-            for gid, index, data in db.execute("SELECT group_id, sample_index, data FROM samples")
-        }
-    finally:
-        db.close()
-    return statuses, samples
-
-
-def kill_mid_production(script: Path, run_dir: Path) -> None:
-    child = subprocess.Popen(
-        [sys.executable, str(script), str(run_dir), "start"], start_new_session=True
-    )
-    try:
-        deadline = time.monotonic() + 120
-        while time.monotonic() < deadline:
-            assert child.poll() is None, "the rollout ended before it could be killed"
-            if (run_dir / "buffer.sqlite").exists():
-                try:
-                    statuses, samples = logged(run_dir)
-                except sqlite3.OperationalError:
-                    statuses, samples = {}, {}
-                ended = sum(1 for s in statuses.values() if s == "completed" or s == "failed")
-                partial = [s for s in samples.values() if not s.done and s.traj.turns >= 1]
-                if ended >= 2 and len(partial) >= 2:
-                    os.killpg(child.pid, signal.SIGKILL)
-                    child.wait()
-                    return
-            time.sleep(0.02)
-        pytest.fail("no moment with finished groups and in-flight samples within 120 s")
-    finally:
-        if child.poll() is None:
-            os.killpg(child.pid, signal.SIGKILL)
-            child.wait()
-
-
 async def test_sigkilled_rollout_resumes_without_loss_duplication_or_restart(tmp_path):
     script = tmp_path / "child.py"
     script.write_text(child_source(step_s=0.03))
     run_dir = tmp_path / "run"
-    kill_mid_production(script, run_dir)
+    seen = kill_mid_production([sys.executable, str(script), str(run_dir), "start"], run_dir)
     assert not (run_dir / "trajectories.parquet").exists()
-    statuses, samples = logged(run_dir)
-    finished = {
-        gid: [samples[gid, i].traj for i in range(N)]
-        for gid, status in statuses.items()
-        if status in ("completed", "failed")
-    }
-    partial = {
-        key: s.traj
-        for key, s in samples.items()
-        if statuses[key[0]] == "pending" and not s.done and s.traj.turns >= 1
-    }
-    assert finished and partial
+    assert seen.finished and len(seen.partial) >= 2
 
     # Resume in this process, through the same command function the CLI calls.
     namespace: dict[str, object] = {}
@@ -136,33 +77,8 @@ async def test_sigkilled_rollout_resumes_without_loss_duplication_or_restart(tmp
         make_engine=namespace["make_engine"],  # type: ignore[arg-type]
     )  # fmt: skip
 
-    rows = read_trajectories(run_dir / "trajectories.parquet")
-    assert len(rows) == EXAMPLES * N
-    keys = [(r["example_id"], r["sample_index"]) for r in rows]
-    assert len(set(keys)) == len(keys), "a sample appears twice"
-    assert {r["example_id"] for r in rows} == set(range(EXAMPLES))
-    by_key = {(r["group_id"], r["sample_index"]): r for r in rows}
-    groups_of = {}
-    for r in rows:
-        groups_of.setdefault(r["example_id"], set()).add(r["group_id"])
-    assert all(len(g) == 1 for g in groups_of.values()), "an example has two groups"
-
-    for gid, trajs in finished.items():  # kept as they were, not produced again
-        for traj in trajs:
-            row = by_key[gid, traj.sample_index]
-            assert row["completion_ids"] == traj.completion_ids
-            assert row["reward"] == traj.reward
-
-    for (gid, index), traj in partial.items():  # continued: the logged prefix is unchanged
-        row = by_key[gid, index]
-        cut = len(traj.completion_ids)
-        assert row["prompt_ids"] == traj.prompt_ids
-        assert row["completion_ids"][:cut] == traj.completion_ids
-        assert row["loss_mask"][:cut] == traj.loss_mask
-        assert row["logprobs"][:cut] == pytest.approx(traj.logprobs)
-        assert row["turns"] >= traj.turns
-
+    check_resumed(read_trajectories(run_dir / "trajectories.parquet"), seen, EXAMPLES, N)
     metrics = json.loads((run_dir / "metrics.json").read_text())
     assert metrics["producer/groups_launched"] == EXAMPLES  # no example drawn twice
-    assert metrics["producer/samples_resumed"] >= len(partial)
+    assert metrics["producer/samples_resumed"] >= len(seen.partial)
     assert metrics["producer/samples_restarted"] == 0

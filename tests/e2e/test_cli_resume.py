@@ -1,0 +1,45 @@
+"""`loomrl rollout` with real vLLM killed with SIGKILL mid-production, then
+`loomrl rollout --resume RUN_DIR`: every example's group exactly once, finished groups
+kept, in-flight trajectories continued from their unchanged token prefix."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+from crash import check_resumed, kill_mid_production
+
+from loomrl.runs import read_trajectories
+
+pytestmark = pytest.mark.e2e
+
+EXAMPLES, N = 10, 2
+
+
+def test_sigkilled_cli_rollout_resumes_exactly(tmp_path):
+    run_dir = tmp_path / "run"
+    cli = [sys.executable, "-m", "loomrl.cli", "rollout"]
+    start = [
+        *cli, "--model", "tiny-random", "--env", "guess_number", "--examples", str(EXAMPLES),
+        "--n", str(N), "--max-tokens", "8", "--max-len", "512", "--concurrency", "2",
+        "--out", str(run_dir),
+    ]  # fmt: skip
+    seen = kill_mid_production(start, run_dir, timeout=300)
+    assert not (run_dir / "trajectories.parquet").exists()
+
+    refused = subprocess.run(
+        [*cli, "--resume", str(run_dir), "--n", "3"], capture_output=True, text=True, timeout=120
+    )
+    assert refused.returncode == 2 and "--resume continues" in refused.stdout
+
+    done = subprocess.run(
+        [*cli, "--resume", str(run_dir)], capture_output=True, text=True, timeout=600
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    check_resumed(read_trajectories(run_dir / "trajectories.parquet"), seen, EXAMPLES, N)
+    metrics = json.loads((run_dir / "metrics.json").read_text())
+    assert metrics["producer/groups_launched"] == EXAMPLES
+    assert metrics["producer/samples_resumed"] >= len(seen.partial)
+    assert metrics["producer/samples_restarted"] == 0
