@@ -160,9 +160,13 @@ class ReplayBuffer:
         return stale
 
     def requeue(self, group: Group, status: GroupStatus = GroupStatus.EXPIRED) -> None:
-        """Throw the group's samples away; it runs again from the prompt."""
+        """Throw the group's samples away; it runs again from the prompt (counted as
+        ``expired``, or ``rewound`` when ``rewind`` discards a lost policy's tokens)."""
         counts = self.progress.task(group.task)
-        counts.expired += 1
+        if status == GroupStatus.EXPIRED:
+            counts.expired += 1
+        else:
+            counts.rewound += 1
         counts.unused_tokens += group.completion_tokens()
         self._count_dropped(group)
         group.samples.clear()
@@ -187,10 +191,15 @@ class ReplayBuffer:
         if weights:
             consumed = {name: self.progress.task(name).consumed for name in weights}
             want = quotas(weights, sum(consumed.values()) + k)
+            # A task already past its share (weights changed on resume) gets none; the
+            # others then lack more than k, so the k are split by how far behind each is.
+            need = {name: max(want[name] - consumed[name], 0) for name in weights}
+            if sum(need.values()) > k:
+                need = quotas(need, k)
             chosen: list[Group] = []
             for name in weights:
-                share = [g for g in ready if g.task == name][: want[name] - consumed[name]]
-                if len(share) < want[name] - consumed[name] and not fill:
+                share = [g for g in ready if g.task == name][: need[name]]
+                if len(share) < need[name] and not fill:
                     return None
                 chosen += share
             rest = [g for g in ready if g not in chosen]
@@ -205,6 +214,23 @@ class ReplayBuffer:
             self.progress.step = max(self.progress.step, step + 1)
             self._save_progress()
         return sorted(chosen, key=lambda g: g.group_id)
+
+    def rewind(self, step: int) -> None:
+        """Go back to the moment ``step`` training steps were done (a checkpoint), for a
+        resumed run: groups consumed at a later step are completed again, with their
+        consumption taken out of the counts; a group holding tokens of a policy newer than
+        ``step`` (lost with the crash) is produced again from the prompt."""
+        with self._transaction():
+            for group in list(self.groups.values()):
+                if group.status == GroupStatus.CONSUMED and (group.consumed_step or 0) >= step:
+                    self._unconsume(group)
+                if group.status in FINAL:
+                    continue
+                versions = [v for s in group.samples.values() for v in s.traj.span_versions]
+                if versions and max(versions) > step:
+                    self.requeue(group, GroupStatus.PENDING)
+            self.progress.step = step
+            self._save_progress()
 
     def close(self) -> None:
         if self.log is not None:
@@ -227,6 +253,23 @@ class ReplayBuffer:
             spans[pieces] = spans.get(pieces, 0) + 1
         if self.log is not None:
             self.log.save_group(group)
+
+    def _unconsume(self, group: Group) -> None:
+        """Undo ``_consume``: the training step that used the group was lost."""
+        step = group.consumed_step or 0
+        counts = self.progress.task(group.task)
+        trajs = group.trajectories()
+        counts.consumed -= 1
+        counts.consumed_samples -= len(trajs)
+        counts.consumed_tokens -= group.completion_tokens()
+        counts.reward_sum_consumed -= sum(t.reward for t in trajs)
+        _decrement(self.progress.staleness, group.staleness(step))
+        for traj in trajs:
+            _decrement(
+                self.progress.continued_spans, sum(1 for r in traj.finish_reasons if r == "abort")
+            )
+        group.status, group.consumed_step = GroupStatus.COMPLETED, None
+        self._save(group)
 
     def _count_dropped(self, group: Group) -> None:
         counts = self.progress.task(group.task)
@@ -254,3 +297,9 @@ class ReplayBuffer:
                 for index, sample in group.samples.items():
                     self.log.save_sample(group.group_id, index, sample)
             self._save_progress()
+
+
+def _decrement(histogram: dict[int, int], key: int) -> None:
+    histogram[key] -= 1
+    if not histogram[key]:
+        del histogram[key]

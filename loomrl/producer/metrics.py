@@ -23,6 +23,7 @@ def producer_metrics(buffer: ReplayBuffer) -> dict[str, float | int]:
         "groups_failed": p.total("failed"),
         "groups_expired": p.total("expired"),
         "groups_aborted": p.total("aborted"),
+        "groups_rewound": p.total("rewound"),
         "samples_expired": p.total("expired_samples"),
         "samples_restarted": p.total("restarted"),
         "samples_resumed": p.total("resumed"),

@@ -24,6 +24,7 @@ class TaskProgress:
     expired_samples: int = 0  # in-flight samples past max_staleness, restarted
     aborted: int = 0  # times production stopped a group between steps
     restarted: int = 0  # samples restarted from the prompt (weights changed, no partial)
+    rewound: int = 0  # groups produced again because a resume lost their policy
     resumed: int = 0  # samples continued from their logged checkpoint after a restart
     produced_samples: int = 0
     produced_tokens: int = 0  # model tokens of finished samples

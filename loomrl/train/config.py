@@ -12,6 +12,15 @@ from loomrl.models import DEFAULT_MODEL
 from loomrl.train.learner import LearnerConfig
 
 
+class TaskConfig(BaseModel):
+    """One task of a multi-task run: its environment's arguments and its share."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    weight: float = Field(1.0, gt=0, description="share of each step's groups")
+    env_args: dict[str, Any] = Field(default_factory=dict, description="environment kwargs")
+
+
 class TrainConfig(BaseModel):
     """GRPO-style training: each step rolls out ``prompts_per_step`` examples ``n`` times,
     turns them into advantages, takes one optimizer step and syncs the engine's weights."""
@@ -31,6 +40,23 @@ class TrainConfig(BaseModel):
     temperature: float = Field(1.0, gt=0, description="sampling (and learner) temperature")
     concurrency: int = Field(64, ge=1, description="trajectories in flight")
     env_timeout: float | None = Field(30.0, gt=0, description="seconds per env call")
+    tasks: dict[str, TaskConfig] = Field(
+        default_factory=dict,
+        description="environment name -> weight and args; several tasks share each step by "
+        "weight (empty: the single `env`)",
+    )
+    producer: Literal["sync", "async"] = Field(
+        "sync", description="'async' keeps producing while the learner trains"
+    )
+    max_staleness: int = Field(
+        1, ge=0, description="max policy versions between a group's oldest token and its step"
+    )
+    partial_rollout: bool = Field(
+        True, description="continue generations a weight update cut, stamping each version"
+    )
+    over_sample_threshold: float = Field(
+        0.0, ge=0, description="launch prompts_per_step * (1 + this) groups; train on the first"
+    )
     estimator: str = Field("grpo", description="advantage estimator (loomrl.algos registry)")
     estimator_options: dict[str, Any] = Field(default_factory=dict, description="its options")
     drop_zero_variance: bool = Field(False, description="drop groups whose rewards all agree")
@@ -78,6 +104,10 @@ class TrainConfig(BaseModel):
                 data = data["train"]
         data.update({k: v for k, v in (overrides or {}).items() if v is not None})
         return cls.model_validate(data)
+
+    def task_specs(self) -> dict[str, TaskConfig]:
+        """The tasks to train on: ``tasks``, or the single ``env`` with ``env_args``."""
+        return self.tasks or {self.env: TaskConfig(env_args=self.env_args)}
 
     def learner(self) -> LearnerConfig:
         return LearnerConfig(

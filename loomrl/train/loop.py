@@ -1,9 +1,11 @@
-"""The training loop: rollout -> experience -> learner step -> weight sync -> log -> checkpoint.
+"""The training loop: produce -> experience -> learner step -> weight sync -> log -> checkpoint.
 
-Step ``s`` trains on examples ``[s·k, (s+1)·k)`` of one seeded dataset (``k`` prompts
-per step), so a resumed run draws exactly the examples the lost steps would have: a step
-is either fully recorded (metrics row, trajectory segment, and after it any checkpoint)
-or redone from the last checkpoint, never half-kept and never repeated.
+Groups come from a producer (``loomrl.producer``) over a replay buffer logged in the run
+directory: ``sync`` produces each step's ``k`` groups and waits, ``async`` keeps
+producing while the learner trains, within ``max_staleness``. A step is either fully
+recorded (metrics row, trajectory segment, and after it any checkpoint) or redone from
+the last checkpoint: on resume the buffer is rewound to the checkpoint, so groups trained
+on after it are trained on again and tokens of the lost policies are produced again.
 """
 
 from __future__ import annotations
@@ -20,7 +22,10 @@ import torch
 from loomrl.envs import load as load_env
 from loomrl.experience import make_experience
 from loomrl.models import resolve
-from loomrl.rollout import Rollouts, rollout
+from loomrl.producer import AsyncProducer, ProducerConfig, ReplayBuffer, SyncProducer, Task
+from loomrl.producer.metrics import producer_metrics
+from loomrl.rollout import Rollouts
+from loomrl.rollout.metrics import compute_metrics
 from loomrl.runs import write_trajectories
 from loomrl.train.checkpoint import latest_checkpoint, load_learner_state, save_checkpoint
 from loomrl.train.config import TrainConfig
@@ -79,32 +84,26 @@ async def train(
     learner = Learner(model, config.learner(), reference)
     if learner_state is not None:
         learner.load_state_dict(learner_state)
-    env = load_env(config.env, **config.env_args)
-    k = config.prompts_per_step
-    examples = env.dataset(config.steps * k, seed=config.seed)
+    buffer = _open_buffer(out, start)
     engine = (make_engine or engine_factory(config))(model_dir, start)
+    producer = _producer(config, engine, buffer)
     try:
         for step in range(start, config.steps):
             started = time.perf_counter()
-            batch_examples = examples[step * k : (step + 1) * k]
-            trajs = await rollout(
-                engine, env, batch_examples, n=config.n, max_turns=config.max_turns,
-                max_len=config.max_len, concurrency=config.concurrency, on_error="isolate",
-                env_timeout=config.env_timeout, first_group_id=step * k,
-                sampling=SamplingParams(
-                    max_tokens=config.max_tokens, temperature=config.temperature,
-                    seed=config.seed * 1_000_003 + step,
-                ),
-            )  # fmt: skip
+            groups = await producer.next_batch(step)
+            if not groups:
+                raise RuntimeError(f"step {step + 1}: the tasks' datasets ran out of examples")
+            flat = [t for g in groups for t in g.trajectories()]
             rollout_s = time.perf_counter() - started
+            trajs = Rollouts(flat, compute_metrics(flat, config.n, rollout_s))
             row = _step(config, learner, trajs, tokenizer.pad_token_id or 0)
             sync_s = 0.0
             if row.get("learner_s") is not None:
-                sync_s = await engine.update_weights(model.state_dict(), version=step + 1)
+                sync_s = await producer.update_weights(model.state_dict(), version=step + 1)
             row.update(
                 step=step + 1, rollout_s=rollout_s, sync_s=sync_s,
                 step_s=time.perf_counter() - started, policy_version=engine.policy_version,
-                **_rollout_metrics(trajs),
+                **_rollout_metrics(trajs), **_producer_row(buffer),
             )  # fmt: skip
             write_trajectories(out / "trajectories" / f"step-{step + 1:06d}.parquet", trajs)
             with open(out / "metrics.jsonl", "a") as f:
@@ -117,8 +116,52 @@ async def train(
             if (step + 1) % config.checkpoint_every == 0 or step + 1 == config.steps:
                 save_checkpoint(out, step + 1, model, tokenizer, learner.state_dict())
     finally:
+        await producer.close()
         await engine.close()
+        buffer.close()
     return rows
+
+
+def _open_buffer(out: Path, start: int) -> ReplayBuffer:
+    """The run's replay buffer: new for a new run, rewound to ``start`` on resume."""
+    path = out / "buffer.sqlite"
+    if start == 0:
+        for stale in out.glob("buffer.sqlite*"):
+            stale.unlink()
+    buffer = ReplayBuffer(path)
+    if start:
+        buffer.rewind(start)
+    return buffer
+
+
+def _producer(config: TrainConfig, engine: Any, buffer: ReplayBuffer) -> SyncProducer:
+    """The producer over every task; its examples are one seeded pool per task, drawn in
+    order, large enough for every step even with over-sampling and filtering."""
+    pool = config.steps * config.prompts_per_step * 4 + 64
+    tasks = [
+        Task(name, env, env.dataset(pool, seed=config.seed), weight=spec.weight)
+        for name, spec in config.task_specs().items()
+        for env in [load_env(name, **spec.env_args)]
+    ]
+    kind = AsyncProducer if config.producer == "async" else SyncProducer
+    return kind(
+        engine, tasks,
+        ProducerConfig(
+            n=config.n, batch_size=config.prompts_per_step, max_staleness=config.max_staleness,
+            partial_rollout=config.partial_rollout,
+            over_sample_threshold=config.over_sample_threshold,
+        ),
+        buffer=buffer, max_turns=config.max_turns, max_len=config.max_len,
+        concurrency=config.concurrency, env_timeout=config.env_timeout, on_error="isolate",
+        sampling=SamplingParams(
+            max_tokens=config.max_tokens, temperature=config.temperature, seed=config.seed
+        ),
+    )  # fmt: skip
+
+
+def _producer_row(buffer: ReplayBuffer) -> dict[str, float | int]:
+    """Cumulative producer counts (staleness, expiry, unused tokens, length bias)."""
+    return {f"producer/{k}": v for k, v in producer_metrics(buffer).items()}
 
 
 def _checkpoint_dtype(model_dir: Path) -> str:

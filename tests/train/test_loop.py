@@ -102,3 +102,54 @@ async def test_a_row_torn_by_a_kill_is_dropped_on_resume(tmp_path, engines):
 async def test_resume_without_a_checkpoint_says_so(tmp_path, engines):
     with pytest.raises(FileNotFoundError, match="no checkpoint"):
         await train(config(), tmp_path, resume=True, make_engine=engines)
+
+
+def segment_rows(out, step):
+    return pq.read_table(out / "trajectories" / f"step-{step:06d}.parquet").to_pylist()
+
+
+async def test_async_production_keeps_every_step_within_the_staleness_bound(tmp_path, engines):
+    rows = await train(
+        config(producer="async", max_staleness=1, steps=5), tmp_path, make_engine=engines
+    )
+    assert [r["step"] for r in rows] == [1, 2, 3, 4, 5]
+    for row in rows:
+        assert row["trained_trajectories"] == 6
+        assert row["producer/staleness_max"] <= 1
+    for step in range(1, 6):
+        for r in segment_rows(tmp_path, step):  # step s trains with the weights of version s-1
+            assert step - 1 - 1 <= min(r["span_versions"]) <= max(r["span_versions"]) <= step - 1
+    consumed = [r["group_id"] for s in range(1, 6) for r in segment_rows(tmp_path, s)]
+    assert len(set(consumed)) * 3 == len(consumed)  # no group trained twice
+
+
+async def test_tasks_share_each_step_by_weight(tmp_path, engines):
+    tasks = {
+        "arith": {"weight": 1.0, "env_args": {"max_operand": 5}},
+        "guess_number": {"weight": 1.0, "env_args": {"lo": 1, "hi": 6}},
+    }
+    rows = await train(config(tasks=tasks), tmp_path, make_engine=engines)
+    for step in range(1, 5):
+        envs = sorted(r["env"] for r in segment_rows(tmp_path, step))
+        assert envs == ["arith"] * 3 + ["guess_number"] * 3
+    assert rows[-1]["producer/groups_consumed"] == 8
+
+
+async def test_async_resume_never_trains_on_tokens_of_a_lost_policy(tmp_path, engines):
+    def crash_after_step_4(row):
+        if row["step"] == 4:
+            raise Crash("killed")  # before step 4's checkpoint: the run resumes from step 2
+
+    run = config(producer="async", max_staleness=1, steps=5)
+    with pytest.raises(Crash):
+        await train(run, tmp_path, make_engine=engines, on_step=crash_after_step_4)
+    rows = await train(run, tmp_path, resume=True, make_engine=engines)
+    assert [r["step"] for r in rows] == [1, 2, 3, 4, 5]
+    # Step 4 of the crashed run trained on tokens of version 3, a policy the resumed run
+    # does not have: those groups are produced again, the others trained on again.
+    assert rows[-1]["producer/groups_rewound"] >= 1
+    for step in range(1, 6):
+        for r in segment_rows(tmp_path, step):
+            assert step - 2 <= min(r["span_versions"]) <= max(r["span_versions"]) <= step - 1
+    consumed = [r["group_id"] for s in range(1, 6) for r in segment_rows(tmp_path, s)]
+    assert len(set(consumed)) * 3 == len(consumed)
