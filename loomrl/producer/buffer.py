@@ -8,7 +8,7 @@ that would consume it is expired and re-queued from the prompt.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Collection, Iterable, Mapping
 from pathlib import Path
 
 from loomrl.producer.group import FINAL, WAITING, Group, GroupStatus, Sample
@@ -180,12 +180,15 @@ class ReplayBuffer:
         step: int,
         weights: Mapping[str, float] | None = None,
         fill: bool = False,
+        short: Collection[str] = (),
     ) -> list[Group] | None:
         """Consume ``k`` completed groups for training at ``step``, oldest first, split
         between tasks by ``weights`` (largest remainder over all consumption so far).
 
         Returns None when a task lacks its share, unless ``fill`` lets other tasks' groups
         stand in (at the end of production); returns fewer than ``k`` only with ``fill``.
+        Tasks in ``short`` (out of examples) may lack their share without ``fill``: other
+        tasks' groups stand in for it.
         """
         ready = sorted(self.completed(), key=lambda g: (not g.tail, g.group_id))
         if weights:
@@ -199,11 +202,13 @@ class ReplayBuffer:
             chosen: list[Group] = []
             for name in weights:
                 share = [g for g in ready if g.task == name][: need[name]]
-                if len(share) < need[name] and not fill:
+                if len(share) < need[name] and not fill and name not in short:
                     return None
                 chosen += share
-            rest = [g for g in ready if g not in chosen]
-            chosen += rest[: k - len(chosen)] if fill else []
+            if fill or short:
+                taken = {g.group_id for g in chosen}
+                rest = [g for g in ready if g.group_id not in taken]
+                chosen += rest[: k - len(chosen)]
         else:
             chosen = ready[:k]
         if len(chosen) < k and not fill:

@@ -19,7 +19,7 @@ from loomrl.envs.base import EnvState
 from loomrl.producer.buffer import ReplayBuffer
 from loomrl.producer.config import ProducerConfig
 from loomrl.producer.gate import Gate
-from loomrl.producer.group import UNTRAINABLE, Group, GroupStatus, Sample
+from loomrl.producer.group import FINAL, UNTRAINABLE, Group, GroupStatus, Sample
 from loomrl.producer.progress import Progress
 from loomrl.producer.tasks import Task, next_task
 from loomrl.rollout.context import RolloutContext, close_context, open_context
@@ -36,7 +36,8 @@ class Producer:
 
     ``is_valid_group(group)`` decides whether a finished, error-free group is trained on
     (else ``filtered``); ``should_continue(progress)`` whether new groups may be drawn.
-    ``on_group(group)`` is told of every group that reaches a final state.
+    ``on_group(group)`` is told of every group that finishes (``completed``, ``filtered``
+    or ``failed``).
     """
 
     def __init__(
@@ -79,6 +80,8 @@ class Producer:
             max_staleness=self.config.max_staleness,
         )
         self._check_resumed_groups()
+        # Tail groups of a resumed buffer still run to the end without expiry.
+        self.gate.exempt = {g.group_id for g in self.buffer.groups.values() if g.tail}
         self.contexts: dict[str, RolloutContext] = {}
         for task in tasks:
             ctx = open_context(
@@ -187,7 +190,11 @@ class Producer:
             for name, t in self.tasks.items()
             if self.progress.task(name).launched < len(t.examples)
         }
-        name = next_task(open_tasks, {n: self.progress.task(n).launched for n in open_tasks})
+        # By groups that can still be trained on: a filtered or failed group is replaced
+        # by one of its own task, else the task would lack its share of every batch.
+        counts = {n: self.progress.task(n) for n in open_tasks}
+        usable = {n: c.launched - c.filtered - c.failed for n, c in counts.items()}
+        name = next_task(open_tasks, usable)
         if name is None:
             return None
         index = self.progress.task(name).launched
@@ -197,6 +204,34 @@ class Producer:
         )  # fmt: skip
         self.buffer.add(group)
         return group
+
+    def _take(self, step: int, fill: bool) -> list[Group] | None:
+        """``buffer.take`` a batch split by the weights of the tasks that can still give
+        groups; one out of examples may fall short (the others stand in), so the batch is
+        never held up by groups that cannot come."""
+        live = {g.task for g in self.buffer.groups.values() if g.status not in FINAL}
+        spent = {
+            n for n, t in self.tasks.items() if self.progress.task(n).launched >= len(t.examples)
+        }
+        weights = {n: t.weight for n, t in self.tasks.items() if n in live or n not in spent}
+        return self.buffer.take(self.config.batch_size, step, weights, fill, spent & live)
+
+    def _check_batchable(self, step: int) -> None:
+        """Fail fast where ``next_batch`` would wait forever: a batch larger than the
+        buffer's cap, or weights so far behind ``step`` that every group made now is
+        already past ``max_staleness`` (expired and made again, endlessly)."""
+        capacity, limit = self.buffer.capacity, self.config.max_staleness
+        if capacity is not None and capacity < self.config.batch_size:
+            raise ValueError(
+                f"a replay buffer of capacity {capacity} cannot hold a batch of "
+                f"{self.config.batch_size} groups"
+            )
+        version = self.engine.policy_version
+        if limit is not None and step - version > limit:
+            raise ValueError(
+                f"step {step} cannot train on policy version {version} with max_staleness="
+                f"{limit}: update the weights with version=step after each step"
+            )
 
     def _exhausted(self) -> bool:
         """Nothing runs and nothing more may start: production is over."""

@@ -18,6 +18,7 @@ class SyncProducer(Producer):
         """``batch_size`` completed groups for training at ``step`` (fewer only when
         production is exhausted; empty at the end)."""
         config = self.config
+        self._check_batchable(step)
         self.resume()
         for group in list(self.buffer.groups.values()):
             if group.status == GroupStatus.ABORTED and group.group_id in self._running:
@@ -26,9 +27,7 @@ class SyncProducer(Producer):
             self._raise_failure()
             self.buffer.expire(step, config.max_staleness)
             done = self._exhausted()
-            batch = self.buffer.take(
-                config.batch_size, step, {n: t.weight for n, t in self.tasks.items()}, fill=done
-            )
+            batch = self._take(step, fill=done)
             if batch is not None and (batch or done):
                 break
             self._launch_while(
@@ -38,8 +37,13 @@ class SyncProducer(Producer):
                     and len(self._running) < config.in_flight_limit
                 )
             )
-            if self._running:
-                await self._wait_change()
+            if not self._running:  # nothing runs or may start: the loop would spin forever
+                raise RuntimeError(
+                    f"production stalled at step {step}: {self.buffer.count(status='completed')} "
+                    f"completed groups do not make a batch of {config.batch_size} split by "
+                    f"the task weights, and no group may start (buffer room {self.buffer.room()})"
+                )
+            await self._wait_change()
         await self.pause()
         for group_id in list(self._running):
             group = self.buffer.groups[group_id]

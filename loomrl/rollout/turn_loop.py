@@ -91,6 +91,7 @@ async def _play(
     encoded = len(state.messages)
     for turn in range(traj.turns + 1, ctx.max_turns + 1):
         turn_start = _open_turn_start(traj)
+        out = None
         while True:  # one turn: several pieces when a weight update cuts a generation
             budget = ctx.max_len - len(traj.prompt_ids) - len(ids)
             if budget <= 0:
@@ -104,21 +105,26 @@ async def _play(
                 ctx, traj.prompt_ids + ids, budget, stop, _seed(ctx, traj, turn, made), made
             )
             clock["generate_s"] = clock.get("generate_s", 0.0) + time.perf_counter() - t0
-            if out.token_ids:
+            gate = ctx.gate
+            cut = gate is not None and out.finish_reason == "abort" and gate.paused_since(epoch)
+            if out.token_ids or not cut:  # a cut piece without tokens leaves no trace
                 traj.spans.append((len(ids), len(ids) + len(out.token_ids)))
                 traj.span_versions.append(out.policy_version)
                 traj.finish_reasons.append(out.finish_reason)
                 ids += out.token_ids
                 logprobs += out.logprobs
                 mask += [1] * len(out.token_ids)
-            if out.finish_reason == "abort" and ctx.gate and ctx.gate.paused_since(epoch):
-                if not ctx.gate.partial_rollout:
+            if cut and len(ids) - turn_start >= ctx.sampling.max_tokens:
+                traj.finish_reasons[-1] = "length"  # cut as it filled the turn: it is done
+                out = replace(out, finish_reason="length")
+            elif cut and gate is not None:
+                if not gate.partial_rollout:
                     raise Preempted("restart", "a weight update aborted the generation")
                 if ctx.checkpoint is not None:
                     ctx.checkpoint(traj, state, stop)
                 continue  # the rest of this turn comes from the new weights
             break
-        if len(ids) == turn_start:  # no room was left to generate
+        if out is None:  # no room was left to generate
             traj.status = Status.TRUNCATED
             break
         traj.turns += 1

@@ -38,7 +38,7 @@ async def run_train(
     config: TrainConfig, console: Console, resume: Path | None = None
 ) -> tuple[Path, list[dict[str, Any]]]:
     out = resume or config.out or Path("runs") / time.strftime("train-%Y%m%d-%H%M%S")
-    title = f"train {config.env} x {config.model} -> {out}"
+    title = f"train {' + '.join(config.task_specs())} x {config.model} -> {out}"
     rows: list[dict[str, Any]] = []
     console.print(f"[bold]{title}[/] ({config.steps} steps; starting vLLM takes ~30 s)")
     with Live(table(rows, title), console=console, refresh_per_second=2) as live:
@@ -58,7 +58,7 @@ def report(config: TrainConfig, rows: list[dict[str, Any]]) -> str:
     first, last = rewards[:5], rewards[-5:]
     gain = sum(last) / max(len(last), 1) - sum(first) / max(len(first), 1)
     lines = [
-        f"# Training: {config.env} with {config.model}",
+        f"# Training: {' + '.join(config.task_specs())} with {config.model}",
         "",
         f"{len(rows)} steps, {config.prompts_per_step} prompts x {config.n} samples per step, "
         f"estimator {config.estimator}, lr {config.lr}, seed {config.seed}.",
@@ -75,4 +75,17 @@ def report(config: TrainConfig, rows: list[dict[str, Any]]) -> str:
             f"{r['completion_tokens_mean']:.1f} | {r['rollout_s']:.1f} | "
             f"{r.get('learner_s') or 0:.1f} | {r['sync_s']:.1f} |"
         )
+    if rows and "producer/groups_launched" in rows[-1]:
+        p = {k.removeprefix("producer/"): v for k, v in rows[-1].items() if "producer/" in k}
+        lines += [
+            "",
+            f"Producer ({config.producer}, max_staleness {config.max_staleness}): "
+            f"{p['groups_launched']} groups launched, {p['groups_consumed']} trained on, "
+            f"{p['groups_expired']} expired, {p['groups_filtered']} filtered, "
+            f"{p['groups_failed']} failed; staleness mean {p['staleness_mean']:.2f}, "
+            f"max {p['staleness_max']}; {p['continued_trajectories']} trajectories continued "
+            f"across a weight update; {p['tokens_unused']} tokens made and not used; mean "
+            f"length trained {p['length_trained_mean']:.1f} vs dropped "
+            f"{p['length_dropped_mean']:.1f} tokens.",
+        ]
     return "\n".join(lines) + "\n"

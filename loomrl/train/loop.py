@@ -97,9 +97,9 @@ async def train(
             rollout_s = time.perf_counter() - started
             trajs = Rollouts(flat, compute_metrics(flat, config.n, rollout_s))
             row = _step(config, learner, trajs, tokenizer.pad_token_id or 0)
-            sync_s = 0.0
-            if row.get("learner_s") is not None:
-                sync_s = await producer.update_weights(model.state_dict(), version=step + 1)
+            # Synced even after a skipped learner step: versions count steps, which is
+            # what the staleness bound is measured in.
+            sync_s = await producer.update_weights(model.state_dict(), version=step + 1)
             row.update(
                 step=step + 1, rollout_s=rollout_s, sync_s=sync_s,
                 step_s=time.perf_counter() - started, policy_version=engine.policy_version,
