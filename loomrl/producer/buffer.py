@@ -85,7 +85,7 @@ class ReplayBuffer:
         return max(self.groups, default=-1) + 1
 
     # -- changes -----------------------------------------------------------------------
-    def add(self, group: Group) -> None:
+    def put(self, group: Group) -> None:
         """A new group drawn from its task's dataset (counted as launched)."""
         if group.group_id in self.groups:
             raise ValueError(f"group {group.group_id} is already in the buffer")
@@ -174,7 +174,7 @@ class ReplayBuffer:
         group.attempts += 1
         self._save(group, drop=-1)
 
-    def take(
+    def get(
         self,
         k: int,
         step: int,

@@ -202,11 +202,11 @@ class Producer:
             group_id=self.buffer.next_group_id(), task=name, example_index=index,
             example=dict(self.tasks[name].examples[index]), n=self.config.n,
         )  # fmt: skip
-        self.buffer.add(group)
+        self.buffer.put(group)
         return group
 
     def _take(self, step: int, fill: bool) -> list[Group] | None:
-        """``buffer.take`` a batch split by the weights of the tasks that can still give
+        """``buffer.get`` a batch split by the weights of the tasks that can still give
         groups; one out of examples may fall short (the others stand in), so the batch is
         never held up by groups that cannot come."""
         live = {g.task for g in self.buffer.groups.values() if g.status not in FINAL}
@@ -214,7 +214,7 @@ class Producer:
             n for n, t in self.tasks.items() if self.progress.task(n).launched >= len(t.examples)
         }
         weights = {n: t.weight for n, t in self.tasks.items() if n in live or n not in spent}
-        return self.buffer.take(self.config.batch_size, step, weights, fill, spent & live)
+        return self.buffer.get(self.config.batch_size, step, weights, fill, spent & live)
 
     def _check_batchable(self, step: int) -> None:
         """Fail fast where ``next_batch`` would wait forever: a batch larger than the

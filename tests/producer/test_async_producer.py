@@ -25,12 +25,12 @@ async def test_production_runs_ahead_during_training_within_the_staleness_window
     over = []
 
     class Watched(ReplayBuffer):
-        def add(self, group):
+        def put(self, group):
             ahead = producer.running + self.count(status="completed")
             batches = engine.policy_version + max_staleness + 1 - self.progress.step
             if ahead >= batches * width:
                 over.append((ahead, batches))
-            super().add(group)
+            super().put(group)
 
     producer = make_producer(
         AsyncProducer, engine, Task("talk", Talk(), examples(80)),
@@ -74,8 +74,8 @@ async def test_tail_groups_of_a_reopened_buffer_stay_exempt(version_engine, make
     """A tail group runs to the end without expiry, also after a restart from the log."""
     buffer = ReplayBuffer()
     tail = Group(0, "talk", 0, {"id": 0, "question": "Q0"}, 2, GroupStatus.PENDING, tail=True)
-    buffer.add(tail)
-    buffer.add(Group(1, "talk", 1, {"id": 1, "question": "Q1"}, 2))
+    buffer.put(tail)
+    buffer.put(Group(1, "talk", 1, {"id": 1, "question": "Q1"}, 2))
     producer = make_producer(
         AsyncProducer, version_engine(), Task("talk", Talk(), examples(8)),
         config(max_staleness=0), buffer=buffer,

@@ -24,7 +24,7 @@ def make_traj(group_id: int, index: int, version: int = 0, tokens: int = 3, rewa
 def add_group(buffer: ReplayBuffer, task: str = "a", n: int = 2) -> Group:
     gid = buffer.next_group_id()
     group = Group(gid, task, gid, {"id": gid, "question": f"Q{gid}"}, n)
-    buffer.add(group)
+    buffer.put(group)
     return group
 
 
@@ -69,7 +69,7 @@ def test_add_finish_take_and_count_by_task_and_status():
     assert p.task("a").produced_samples == 6  # every finished group's samples
     assert p.task("a").dropped_samples == 4  # those of the filtered and the failed group
 
-    batch = buffer.take(2, step=7)
+    batch = buffer.get(2, step=7)
     assert [g.group_id for g in batch] == [0, 2]
     assert all(g.status == GroupStatus.CONSUMED and g.consumed_step == 7 for g in batch)
     assert buffer.count(status="consumed") == 2
@@ -78,8 +78,8 @@ def test_add_finish_take_and_count_by_task_and_status():
     assert p.task("a").reward_sum_consumed == 1.0
     assert p.step == 8
     assert p.staleness == {7: 2}  # consumed at step 7, made by version 0
-    assert buffer.take(1, step=8) is None  # nothing completed left
-    assert buffer.take(1, step=8, fill=True) == []
+    assert buffer.get(1, step=8) is None  # nothing completed left
+    assert buffer.get(1, step=8, fill=True) == []
     assert buffer.trajectories() == batch[0].trajectories() + batch[1].trajectories()
 
 
@@ -89,7 +89,7 @@ def test_finish_refuses_a_state_that_is_not_an_end():
     with pytest.raises(ValueError, match="completed, filtered or failed"):
         buffer.finish(group, GroupStatus.CONSUMED)
     with pytest.raises(ValueError, match="already in the buffer"):
-        buffer.add(group)
+        buffer.put(group)
 
 
 def test_take_is_oldest_first_and_returns_none_when_short():
@@ -97,10 +97,10 @@ def test_take_is_oldest_first_and_returns_none_when_short():
     groups = [add_group(buffer) for _ in range(5)]
     for g in reversed(groups[1:]):  # completion order does not matter, age does
         complete(buffer, g)
-    assert buffer.take(5, step=0) is None
+    assert buffer.get(5, step=0) is None
     assert all(g.status == GroupStatus.COMPLETED for g in groups[1:])  # nothing consumed
-    assert [g.group_id for g in buffer.take(3, step=0)] == [1, 2, 3]
-    assert [g.group_id for g in buffer.take(2, step=1, fill=True)] == [4]
+    assert [g.group_id for g in buffer.get(3, step=0)] == [1, 2, 3]
+    assert [g.group_id for g in buffer.get(2, step=1, fill=True)] == [4]
 
 
 def test_capacity_counts_groups_not_yet_final():
@@ -112,7 +112,7 @@ def test_capacity_counts_groups_not_yet_final():
     complete(buffer, a)
     with pytest.raises(BufferFull):  # completed but not consumed still takes room
         add_group(buffer)
-    buffer.take(1, step=0)
+    buffer.get(1, step=0)
     c = add_group(buffer)  # a consumed: room again
     complete(buffer, b, status=GroupStatus.FILTERED)
     add_group(buffer)  # b filtered: room again
@@ -171,13 +171,13 @@ def test_take_splits_a_batch_by_weight_over_all_consumption():
         complete(buffer, add_group(buffer, task))
     weights = {"a": 3.0, "b": 1.0}
     for step in range(2):
-        batch = buffer.take(4, step, weights)
+        batch = buffer.get(4, step, weights)
         assert len(batch) == 4
         consumed = {t: buffer.progress.task(t).consumed for t in weights}
         assert consumed == quotas(weights, 4 * (step + 1)) == {"a": 3 * (step + 1), "b": step + 1}
     # The third step wants 3 more "a" groups, and all 6 are used: only with fill.
-    assert buffer.take(4, 2, weights) is None
-    assert [g.task for g in buffer.take(4, 2, weights, fill=True)] == ["b", "b", "b", "b"]
+    assert buffer.get(4, 2, weights) is None
+    assert [g.task for g in buffer.get(4, 2, weights, fill=True)] == ["b", "b", "b", "b"]
 
 
 def test_take_with_a_task_past_its_share_still_takes_exactly_k():
@@ -185,8 +185,8 @@ def test_take_with_a_task_past_its_share_still_takes_exactly_k():
     buffer = ReplayBuffer()
     for task in "aaaaaabbbb":
         complete(buffer, add_group(buffer, task))
-    assert len(buffer.take(4, 0, {"a": 1.0, "b": 3.0})) == 4  # a: 1, b: 3
-    batch = buffer.take(4, 1, {"a": 3.0, "b": 1.0})  # wants a: 6 of 8, b: 2 of 8
+    assert len(buffer.get(4, 0, {"a": 1.0, "b": 3.0})) == 4  # a: 1, b: 3
+    batch = buffer.get(4, 1, {"a": 3.0, "b": 1.0})  # wants a: 6 of 8, b: 2 of 8
     assert batch is not None and len(batch) == 4
     assert [g.task for g in batch] == ["a"] * 4  # b is past its share: none of it
     assert buffer.progress.task("b").consumed == 3

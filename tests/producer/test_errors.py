@@ -88,7 +88,7 @@ async def test_a_failure_to_log_a_new_group_surfaces(cls, buffers, version_engin
 
 async def test_a_buffer_of_another_task_is_refused(version_engine, make_producer):
     buffer = ReplayBuffer()
-    buffer.add(Group(0, "arith", 0, {"id": 0, "question": "Q0"}, 2))
+    buffer.put(Group(0, "arith", 0, {"id": 0, "question": "Q0"}, 2))
     with pytest.raises(ValueError, match="task 'arith'"):
         make_producer(SyncProducer, version_engine(), Task("talk", Talk(), []), config(),
                       buffer=buffer)  # fmt: skip

@@ -18,7 +18,7 @@ async def test_a_stale_completed_group_is_made_again_from_the_prompt(
     exs = examples(40)
     buffer = ReplayBuffer()
     stale = Group(0, "talk", 0, exs[0], 2)
-    buffer.add(stale)
+    buffer.put(stale)
     complete(buffer, stale, version=0)  # made by version 0, never consumed
     engine = version_engine()
     engine.set_policy_version(2)

@@ -113,7 +113,7 @@ def test_every_change_is_logged_with_the_progress(buffers):
     groups = [add_group(buffer, task) for task in "aab"]
     complete(buffer, groups[0], version=0)
     complete(buffer, groups[1], status=GroupStatus.FILTERED)
-    buffer.take(1, step=0)
+    buffer.get(1, step=0)
     complete(buffer, groups[2], version=0)
     buffer.expire(step=2, max_staleness=1)
     buffer.abort(add_group(buffer, "a"))

@@ -91,8 +91,8 @@ async def test_producers_stop_launching_at_the_buffer_cap(cls, version_engine, m
     live_at_add = []
 
     class Watched(ReplayBuffer):
-        def add(self, group):
-            super().add(group)
+        def put(self, group):
+            super().put(group)
             live_at_add.append(self.live())
 
     buffer = Watched(capacity=5)
@@ -123,7 +123,7 @@ async def test_a_batch_that_can_never_be_made_raises_instead_of_spinning(
     version_engine, make_producer
 ):
     class Refusing(ReplayBuffer):
-        def take(self, *args, **kwargs):
+        def get(self, *args, **kwargs):
             return None
 
     producer = make_producer(
