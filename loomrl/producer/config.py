@@ -44,7 +44,7 @@ class ProducerConfig(BaseModel):
         0,
         ge=0,
         description="tail groups that trigger a tail batch, run to the end without expiry "
-        "(0 = off)",
+        "(AsyncProducer; 0 = off)",
     )
 
     @property

@@ -68,9 +68,9 @@ class Producer:
         self.engine = engine
         self.config = config or ProducerConfig()
         self.tasks = {t.name: t for t in tasks}
-        self.buffer = (
-            buffer if buffer is not None else ReplayBuffer(capacity=self.config.buffer_size)
-        )
+        self.buffer = buffer if buffer is not None else ReplayBuffer()
+        if self.config.buffer_size is not None:  # the config's cap wins over the buffer's
+            self.buffer.capacity = self.config.buffer_size
         self.is_valid_group = is_valid_group
         self.should_continue = should_continue
         self.on_group = on_group

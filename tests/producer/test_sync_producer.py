@@ -83,3 +83,16 @@ async def test_should_continue_stops_drawing_examples(version_engine, make_produ
     sizes = [len(await producer.next_batch(step)) for step in range(3)]
     assert sizes == [4, 2, 0]
     assert producer.progress.task("talk").launched == 6
+
+
+async def test_the_configs_buffer_size_caps_a_buffer_passed_in(
+    version_engine, make_producer, buffers
+):
+    buffer = buffers()
+    producer = make_producer(
+        SyncProducer, version_engine(), Task("talk", Talk(), examples(40)),
+        config(buffer_size=6, over_sample_threshold=1.0), buffer=buffer,
+    )  # fmt: skip
+    assert buffer.capacity == 6
+    await producer.next_batch(0)
+    assert buffer.live() <= 6
