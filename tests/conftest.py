@@ -5,6 +5,7 @@ and scripted engines over that tokenizer are closed after each test."""
 from __future__ import annotations
 
 import pytest
+from contract import check_contract as contract_of
 from transformers import AutoTokenizer
 
 from loomrl.engines import ScriptedEngine
@@ -40,3 +41,9 @@ async def make_engine(tokenizer):
     yield make
     for engine in made:
         await engine.close()
+
+
+@pytest.fixture
+def check_contract(tokenizer, chat):
+    """Assert the token contract of one finished trajectory (tests/contract.py)."""
+    return lambda traj: contract_of(tokenizer, chat, traj)

@@ -8,6 +8,7 @@ import json
 
 import pyarrow.parquet as pq
 import pytest
+from contract import mask_runs
 
 from loomrl import Environment, EnvStep, Status, Trajectory, rollout
 from loomrl.algos import advantages as estimators
@@ -15,7 +16,7 @@ from loomrl.algos.advantages import AdvantageOutput
 from loomrl.cli import main
 from loomrl.experience import make_experience
 from loomrl.experience.files import EXPERIENCE_SCHEMA, parse_options
-from loomrl.runs import _mask_runs, load_trajectories, write_run
+from loomrl.runs import load_trajectories, write_run
 
 
 def flat(text: str) -> str:
@@ -28,7 +29,7 @@ def make_traj(group: int, k: int, reward: float, mask: list[int], status=Status.
         example_id=100 + group, group_id=group, sample_index=k, env="hand",
         prompt_ids=[1, 2, 3][: 1 + k % 3], completion_ids=[20 + j for j in range(len(mask))],
         logprobs=[-0.25 if b else 0.0 for b in mask], loss_mask=mask, status=status,
-        reward=reward, spans=(spans := _mask_runs(mask)), span_versions=[k] * len(spans),
+        reward=reward, spans=(spans := mask_runs(mask)), span_versions=[k] * len(spans),
     )  # fmt: skip
 
 

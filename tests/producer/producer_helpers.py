@@ -16,6 +16,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from contract import turns_of  # noqa: F401  (re-exported for the tests)
+
 from loomrl import Environment, EnvStep, SamplingParams
 from loomrl.engines import ScriptedEngine
 from loomrl.producer import ProducerConfig, ReplayBuffer
@@ -181,29 +183,6 @@ def check_counts(buffer: ReplayBuffer) -> None:
         assert t.consumed == buffer.count(name, "consumed")
         assert t.filtered == buffer.count(name, "filtered")
         assert t.failed == buffer.count(name, "failed")
-
-
-def turns_of(traj: Trajectory) -> list[tuple[int, int, str]]:
-    """``(start, end, finish reason)`` per model turn: pieces a weight update cut (ending
-    in ``abort``) are joined to the piece that continued them."""
-    turns: list[tuple[int, int, str]] = []
-    for (start, end), reason in zip(traj.spans, traj.finish_reasons, strict=True):
-        if turns and turns[-1][2] == "abort" and turns[-1][1] == start:
-            turns[-1] = (turns[-1][0], end, reason)
-        else:
-            turns.append((start, end, reason))
-    return turns
-
-
-def mask_runs(mask: Sequence[int]) -> list[tuple[int, int]]:
-    runs, start = [], None
-    for i, bit in enumerate([*mask, 0]):
-        if bit == 1 and start is None:
-            start = i
-        elif bit != 1 and start is not None:
-            runs.append((start, i))
-            start = None
-    return runs
 
 
 def check_versions(engine: VersionEngine, traj: Trajectory) -> None:
