@@ -28,6 +28,7 @@ from loomrl.types import SamplingParams, Trajectory
 
 EngineMaker = Callable[[RolloutConfig], Engine]
 BUFFER = "buffer.sqlite"
+ENDED = (GroupStatus.COMPLETED, GroupStatus.FILTERED, GroupStatus.FAILED, GroupStatus.CONSUMED)
 
 
 def vllm_engine(config: RolloutConfig) -> Engine:
@@ -142,9 +143,6 @@ async def _produce(
     finally:
         buffer.close()
     return trajs, extra
-
-
-ENDED = (GroupStatus.COMPLETED, GroupStatus.FILTERED, GroupStatus.FAILED, GroupStatus.CONSUMED)
 
 
 def report(config: RolloutConfig, metrics: dict[str, float | int]) -> list[str]:

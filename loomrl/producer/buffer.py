@@ -9,6 +9,7 @@ that would consume it is expired and re-queued from the prompt.
 from __future__ import annotations
 
 from collections.abc import Collection, Iterable, Mapping
+from contextlib import AbstractContextManager, nullcontext
 from pathlib import Path
 
 from loomrl.producer.group import FINAL, WAITING, Group, GroupStatus, Sample
@@ -281,9 +282,7 @@ class ReplayBuffer:
         counts.dropped_samples += len(group.samples)
         counts.dropped_tokens += group.completion_tokens()
 
-    def _transaction(self):  # type: ignore[no-untyped-def]
-        from contextlib import nullcontext
-
+    def _transaction(self) -> AbstractContextManager[None]:
         return self.log.transaction() if self.log is not None else nullcontext()
 
     def _save_progress(self) -> None:

@@ -175,21 +175,15 @@ class Producer:
     def _next_group(self) -> Group | None:
         """A waiting group (tail groups first), else a new one from the task furthest
         behind its weight; None when nothing may start."""
-        for group in self.buffer.waiting():
-            if group.group_id not in self._running:
-                if group.status != GroupStatus.PENDING:
-                    self.buffer.restart(group)
-                return group
-        if self.should_continue is not None and not self.should_continue(self.progress):
-            return None
+        group = self._waiting_group()
+        if group is not None:
+            if group.status != GroupStatus.PENDING:
+                self.buffer.restart(group)
+            return group
         room = self.buffer.room()
-        if room is not None and room <= 0:
+        if not self._may_draw() or (room is not None and room <= 0):
             return None
-        open_tasks = {
-            name: t.weight
-            for name, t in self.tasks.items()
-            if self.progress.task(name).launched < len(t.examples)
-        }
+        open_tasks = {n: self.tasks[n].weight for n in self._tasks_with_examples()}
         # By groups that can still be trained on: a filtered or failed group is replaced
         # by one of its own task, else the task would lack its share of every batch.
         counts = {n: self.progress.task(n) for n in open_tasks}
@@ -210,9 +204,7 @@ class Producer:
         groups; one out of examples may fall short (the others stand in), so the batch is
         never held up by groups that cannot come."""
         live = {g.task for g in self.buffer.groups.values() if g.status not in FINAL}
-        spent = {
-            n for n, t in self.tasks.items() if self.progress.task(n).launched >= len(t.examples)
-        }
+        spent = set(self.tasks) - self._tasks_with_examples()
         weights = {n: t.weight for n, t in self.tasks.items() if n in live or n not in spent}
         return self.buffer.get(self.config.batch_size, step, weights, fill, spent & live)
 
@@ -235,16 +227,22 @@ class Producer:
 
     def _exhausted(self) -> bool:
         """Nothing runs and nothing more may start: production is over."""
-        return not self._running and self._next_group_peek() is False
-
-    def _next_group_peek(self) -> bool:
-        if any(g.group_id not in self._running for g in self.buffer.waiting()):
-            return True
-        if self.should_continue is not None and not self.should_continue(self.progress):
+        if self._running or self._waiting_group() is not None:
             return False
-        return any(
-            self.progress.task(name).launched < len(t.examples) for name, t in self.tasks.items()
-        )
+        return not (self._may_draw() and self._tasks_with_examples())
+
+    def _waiting_group(self) -> Group | None:
+        """The first waiting group that is not running (tail groups first, then oldest)."""
+        return next((g for g in self.buffer.waiting() if g.group_id not in self._running), None)
+
+    def _may_draw(self) -> bool:
+        """Whether ``should_continue`` lets new examples be drawn."""
+        return self.should_continue is None or self.should_continue(self.progress)
+
+    def _tasks_with_examples(self) -> set[str]:
+        return {
+            n for n, t in self.tasks.items() if self.progress.task(n).launched < len(t.examples)
+        }
 
     # -- one group -----------------------------------------------------------------------
     async def _run_group(self, group: Group) -> None:

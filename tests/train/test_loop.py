@@ -18,6 +18,16 @@ class Crash(RuntimeError):
     pass
 
 
+def crash_after(step: int):
+    """An ``on_step`` callback that kills the run once ``step`` is recorded."""
+
+    def crash(row):
+        if row["step"] == step:
+            raise Crash("killed")
+
+    return crash
+
+
 def config(**overrides) -> TrainConfig:
     base = dict(
         model="tiny-random", env="arith", env_args={"max_operand": 5}, steps=4,
@@ -65,12 +75,8 @@ async def test_each_step_logs_trains_syncs_and_checkpoints(tmp_path, engines):
 
 
 async def test_a_crashed_run_resumes_from_its_checkpoint_without_loss_or_repeats(tmp_path, engines):
-    def crash_after_step_3(row):
-        if row["step"] == 3:
-            raise Crash("killed")
-
     with pytest.raises(Crash):
-        await train(config(), tmp_path, make_engine=engines, on_step=crash_after_step_3)
+        await train(config(), tmp_path, make_engine=engines, on_step=crash_after(3))
     assert latest_checkpoint(tmp_path).step == 2
     before = pq.read_table(tmp_path / "trajectories" / "step-000002.parquet")
 
@@ -87,12 +93,8 @@ async def test_a_crashed_run_resumes_from_its_checkpoint_without_loss_or_repeats
 
 
 async def test_a_row_torn_by_a_kill_is_dropped_on_resume(tmp_path, engines):
-    def crash_after_step_3(row):
-        if row["step"] == 3:
-            raise Crash("killed")
-
     with pytest.raises(Crash):
-        await train(config(), tmp_path, make_engine=engines, on_step=crash_after_step_3)
+        await train(config(), tmp_path, make_engine=engines, on_step=crash_after(3))
     with open(tmp_path / "metrics.jsonl", "a") as f:
         f.write('{"step": 4, "reward_me')  # the process died mid-append
     rows = await train(config(), tmp_path, resume=True, make_engine=engines)
@@ -136,13 +138,10 @@ async def test_tasks_share_each_step_by_weight(tmp_path, engines):
 
 
 async def test_async_resume_never_trains_on_tokens_of_a_lost_policy(tmp_path, engines):
-    def crash_after_step_4(row):
-        if row["step"] == 4:
-            raise Crash("killed")  # before step 4's checkpoint: the run resumes from step 2
-
     run = config(producer="async", max_staleness=1, steps=5)
     with pytest.raises(Crash):
-        await train(run, tmp_path, make_engine=engines, on_step=crash_after_step_4)
+        # Killed before step 4's checkpoint: the run resumes from step 2.
+        await train(run, tmp_path, make_engine=engines, on_step=crash_after(4))
     rows = await train(run, tmp_path, resume=True, make_engine=engines)
     assert [r["step"] for r in rows] == [1, 2, 3, 4, 5]
     # Step 4 of the crashed run trained on tokens of version 3, a policy the resumed run
