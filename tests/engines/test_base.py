@@ -66,8 +66,14 @@ def test_prompt_that_leaves_no_room_to_generate_is_too_long(length):
     assert "10 tokens" in str(info.value)
 
 
-def test_prompt_leaving_one_token_of_room_fits():
-    check_prompt([1] * 9, vocab_size=100, max_model_len=10)
+async def test_prompt_leaving_one_token_of_room_fits():
+    assert check_prompt([1] * 9, vocab_size=100, max_model_len=10) is None
+    assert tokens_left(9, SamplingParams(max_tokens=50), max_model_len=10) == 1
+    engine = ScriptedEngine(["abc"], max_model_len=10, vocab_size=100)
+    completion = await engine.generate([1] * 9, SamplingParams(max_tokens=50))
+    assert (completion.token_ids, completion.finish_reason) == ([ord("a")], "length")
+    assert completion.prompt_len + len(completion.token_ids) == 10  # the context, exactly
+    await engine.close()
 
 
 # -- tokens_left ---------------------------------------------------------------------------

@@ -2,14 +2,15 @@
 
 The clock is the one boundary faked here (``fake_clock``): the engine's step costs are
 recorded instead of slept, so the scheduling is checked exactly and deterministically
-against a naive reference scheduler. One test keeps the real clock, with loose bounds.
+against a naive reference scheduler. The default clock is checked on an event loop whose
+clock jumps to its next timer, and the ``sleep`` hook with a recording fake.
 """
 
 from __future__ import annotations
 
 import asyncio
 import random
-import time
+import selectors
 
 import pytest
 
@@ -444,18 +445,64 @@ async def test_policy_version_is_the_one_at_finish(fake_clock, make_engine):
     assert (await instant.generate([1], SamplingParams())).policy_version == 9
 
 
-async def test_real_clock_cost_is_paid_per_step(make_engine):
-    """Loose wall-clock check: capacity 1 runs 3x the steps and takes longer than capacity 3."""
-    elapsed = {}
-    for capacity in (3, 1):
-        engine = make_engine(["abcde"] * 3, capacity=capacity, step_base_s=0.01)
-        start = time.perf_counter()
-        await asyncio.gather(*(engine.generate([1], SamplingParams()) for _ in range(3)))
-        elapsed[capacity] = time.perf_counter() - start
-        assert engine.steps == (5 if capacity == 3 else 15)
-    assert elapsed[3] >= 5 * 0.01 * 0.9
-    assert elapsed[1] >= 15 * 0.01 * 0.9
-    assert elapsed[1] > elapsed[3]
+class VirtualClockLoop(asyncio.SelectorEventLoop):
+    """An event loop whose clock jumps to its next timer instead of waiting for it.
+
+    Only the clock is virtual: ``asyncio.sleep`` and timers run unmodified, so code that
+    waits on the loop's clock is checked exactly, without spending that time.
+    """
+
+    def __init__(self) -> None:
+        self.now = 0.0
+        super().__init__(selector=VirtualClockLoop._Selector(self))
+
+    def time(self) -> float:
+        return self.now
+
+    class _Selector(selectors.DefaultSelector):
+        def __init__(self, loop: VirtualClockLoop) -> None:
+            super().__init__()
+            self.loop = loop
+
+        def select(self, timeout=None):
+            if timeout is not None and timeout > 0:  # idle until a timer: jump to it
+                self.loop.now += timeout
+                timeout = 0
+            return super().select(timeout)
+
+
+def test_real_clock_cost_is_paid_per_step():
+    """Without a ``sleep`` hook every step waits its cost on the event loop's clock: capacity 1
+    runs 3x the steps of capacity 3 and waits 3x as long."""
+
+    async def serve(capacity: int) -> tuple[int, float]:
+        engine = ScriptedEngine(["abcde"] * 3, capacity=capacity, step_base_s=0.01)
+        try:
+            loop = asyncio.get_running_loop()
+            start = loop.time()
+            await asyncio.gather(*(engine.generate([1], SamplingParams()) for _ in range(3)))
+            return engine.steps, loop.time() - start
+        finally:
+            await engine.close()
+
+    for capacity, steps in ((3, 5), (1, 15)):
+        loop = VirtualClockLoop()
+        try:
+            assert loop.run_until_complete(serve(capacity)) == (steps, pytest.approx(steps * 0.01))
+        finally:
+            loop.close()
+
+
+async def test_a_sleep_hook_replaces_the_clock(make_engine):
+    slept: list[float] = []
+
+    async def sleep(seconds: float) -> None:
+        slept.append(seconds)
+
+    engine = make_engine(["abc"] * 2, capacity=1, step_base_s=1.0, step_per_seq_s=0.5, sleep=sleep)
+    await asyncio.gather(*(engine.generate([1, 2], SamplingParams()) for _ in range(2)))
+    assert slept == [1.5] * 6  # one running sequence per step: 1.0 + 0.5 * 1
+    assert engine.steps == 6
 
 
 # -- abort and cancellation ----------------------------------------------------------------

@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
-import time
+import threading
 
 import pytest
 
 from loomrl.rewards import Recipe, RemoteReward, RemoteRewardError, RewardError, RewardSample
+from loomrl.rewards import remote as remote_module
 
 TOKEN = "s3cret-Token-123"
 ENV = "LOOMRL_TEST_REWARD_TOKEN"
@@ -58,31 +60,54 @@ async def test_a_server_that_is_down_is_a_clear_error(dead_url):
 
 
 async def test_a_slow_server_times_out(reward_server):
-    reward_server.then(delay_s=1.0)
-    start = time.perf_counter()
-    with pytest.raises(
-        RemoteRewardError,
-        match=rf"reward server {reward_server.url}: no response "
-        r"within timeout_s=0.2s$",
-    ):
-        await remote(reward_server.url, timeout_s=0.2)(samples(1))
-    assert time.perf_counter() - start < 0.9
+    """The server answers only once the client has given up: only its timeout ends the call."""
+    gave_up = threading.Event()
+    reward_server.score = lambda item: float(gave_up.wait(30))
+    try:
+        with pytest.raises(
+            RemoteRewardError,
+            match=rf"reward server {reward_server.url}: no response "
+            r"within timeout_s=0.2s$",
+        ):
+            await remote(reward_server.url, timeout_s=0.2)(samples(1))
+    finally:
+        gave_up.set()
+    assert len(reward_server.requests) == 1
 
 
 async def test_a_timeout_is_retried_and_the_retry_can_succeed(reward_server):
-    reward_server.then(delay_s=0.6)
-    assert await remote(reward_server.url, timeout_s=0.3, retries=1)(samples(2)) == [1.0, 2.0]
+    retried = threading.Event()
+
+    def score(item):
+        if len(reward_server.requests) == 1:  # the first attempt answers after the retry came
+            retried.wait(30)
+        retried.set()
+        return float(len(item["completion"]))
+
+    reward_server.score = score
+    assert await remote(reward_server.url, timeout_s=1.0, retries=1)(samples(2)) == [1.0, 2.0]
     assert len(reward_server.requests) == 2
 
 
-async def test_a_transient_503_is_retried_with_backoff(reward_server):
+async def test_a_transient_503_is_retried_with_backoff(reward_server, monkeypatch):
     reward_server.then(503, "overloaded")
     reward_server.then(503, "overloaded")
-    start = time.perf_counter()
-    scores = await remote(reward_server.url, retries=3, backoff_s=0.05)(samples(2))
-    assert scores == [1.0, 2.0]
+    backoffs = []
+
+    class Clock:
+        """``asyncio`` inside the client, with ``sleep`` recorded instead of waited."""
+
+        def __getattr__(self, name):
+            return getattr(asyncio, name)
+
+        async def sleep(self, seconds: float) -> None:
+            backoffs.append(seconds)
+
+    monkeypatch.setattr(remote_module, "asyncio", Clock())
+    source = remote(reward_server.url, retries=3, backoff_s=0.05, max_backoff_s=0.08)
+    assert await source(samples(2)) == [1.0, 2.0]
     assert len(reward_server.requests) == 3
-    assert time.perf_counter() - start >= 0.05 + 0.1  # backoff 0.05 s, then 0.1 s
+    assert backoffs == [0.05, 0.08]  # 0.05 s, then 0.1 s capped by max_backoff_s
 
 
 async def test_retries_are_bounded(reward_server):

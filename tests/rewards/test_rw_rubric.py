@@ -5,7 +5,6 @@ from __future__ import annotations
 import asyncio
 import math
 import threading
-import time
 
 import pytest
 
@@ -78,14 +77,17 @@ async def test_async_functions_are_gathered_on_the_loop():
 
 
 async def test_all_samples_and_terms_overlap_in_time():
-    def slow(_sample):
-        time.sleep(0.1)
+    # All four calls (2 samples x 2 terms) wait for each other: run in any smaller groups,
+    # they break the barrier and the scoring fails.
+    barrier = threading.Barrier(4, timeout=30)
+
+    def meet(_sample):
+        barrier.wait()
         return 1.0
 
-    rubric = Rubric({"a": slow, "b": slow})
-    start = time.perf_counter()
-    await rubric.score_many([sample("x"), sample("y")])
-    assert time.perf_counter() - start < 0.35  # four 0.1 s calls, not serial (0.4 s)
+    rubric = Rubric({"a": meet, "b": meet})
+    results = await rubric.score_many([sample("x"), sample("y")])
+    assert [r.total for r in results] == [2.0, 2.0]
 
 
 async def test_term_errors_name_the_term_and_sample():
