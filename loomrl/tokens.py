@@ -10,122 +10,66 @@ The glue between two model turns (close the assistant turn, render the environme
 messages, open the next generation prompt) is not hand-written per template: it is cut out
 of a rendering of ``[user, assistant(PROBE), *env_messages]`` right after the probe, so any
 template yields it, and a template that cannot be cut that way fails loudly.
+
+How a model turn ends: marker tokens that the model emitted at the end of its turn and
+that the glue starts with count as already emitted. They stay once, as the model's own
+tokens (mask 1, with their logprobs), are skipped from the glue, and are not part of the
+assistant message's text. ``turn_end`` finds them; one rule covers two template families:
+
+- ChatML-like templates close an assistant turn with a marker (``<|im_end|>``) that the
+  glue starts with; a turn cut by max_tokens or a stop string gets the whole closing.
+- GLM-4.5-like templates render nothing after assistant content: the model ends its turn
+  by emitting the next role marker (``<|user|>``, ``<|observation|>``: its stop tokens),
+  found by probing the glue of a ``user`` and of a ``tool`` reply. Such a template warns
+  (``TemplateWarning``) at construction: the engine's stop tokens must include them.
+- A turn ending with a role marker that the glue does not start with (the model emitted
+  ``<|user|>``, the environment answered with a ``tool`` message) keeps that marker (mask
+  1: it was sampled, and the next turn saw it) and the glue follows whole, so both markers
+  stand in the ids. The marker is still not in the message's text; ``verify`` reports the
+  spot as drift, since no rendering holds the model's marker there.
 """
 
 from __future__ import annotations
 
-from collections import OrderedDict
+import warnings
 from collections.abc import Hashable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Generic, TypeVar
+from typing import TYPE_CHECKING, Any
 
 from loomrl.codec import fast_decoder, fast_encoder
+from loomrl.lru import CacheStats, LRUCache, freeze
 
 if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerBase
 
-__all__ = ["CacheStats", "ChatTokenizer", "LRUCache", "TemplateError", "VerifyResult", "verify"]
+__all__ = [
+    "CacheStats",
+    "ChatTokenizer",
+    "LRUCache",
+    "TemplateError",
+    "TemplateWarning",
+    "VerifyResult",
+    "verify",
+]
 
 # Marker contents: plain ASCII that tokenizes the same anywhere and never occurs in templates.
 PROBE = "LoomrlProbe7d1e"
 CONTEXT_PROBE = "LoomrlContext3b9a"
-
-K = TypeVar("K", bound=Hashable)
-V = TypeVar("V")
+# The roles an environment answers with, probed for the markers that open their glue.
+REPLY_ROLES = ("user", "tool")
 
 
 class TemplateError(ValueError):
     """A chat template (or tokenizer) that the probe cannot cut into exact token pieces."""
 
 
-@dataclass(frozen=True, slots=True)
-class CacheStats:
-    """Counters of one LRU cache; ``size`` never exceeds ``capacity``."""
-
-    hits: int
-    misses: int
-    evictions: int
-    size: int
-    capacity: int
-
-
-class LRUCache(Generic[K, V]):
-    """Bounded least-recently-used map: when full it evicts the oldest entry, never freezes.
-
-    Not thread-safe: it lives in the event loop that runs the turn loops.
-    """
-
-    __slots__ = ("_data", "capacity", "evictions", "hits", "misses")
-
-    def __init__(self, capacity: int) -> None:
-        if capacity < 1:
-            raise ValueError(f"cache capacity must be >= 1, got {capacity}")
-        self.capacity = capacity
-        self._data: OrderedDict[K, V] = OrderedDict()
-        self.hits = self.misses = self.evictions = 0
-
-    def get(self, key: K) -> V | None:
-        """The cached value (marked most recent), or ``None`` on a miss."""
-        value = self._data.get(key)
-        if value is None:
-            self.misses += 1
-            return None
-        self.hits += 1
-        self._data.move_to_end(key)
-        return value
-
-    def put(self, key: K, value: V) -> None:
-        """Store ``value``, evicting the least recently used entries beyond capacity."""
-        self._data[key] = value
-        self._data.move_to_end(key)
-        while len(self._data) > self.capacity:
-            self._data.popitem(last=False)
-            self.evictions += 1
-
-    def __len__(self) -> int:
-        return len(self._data)
-
-    def stats(self) -> CacheStats:
-        return CacheStats(self.hits, self.misses, self.evictions, len(self._data), self.capacity)
-
-    def clear(self) -> None:
-        self._data.clear()
-        self.hits = self.misses = self.evictions = 0
-
-
-_DICT, _LIST = object(), object()  # tags so a dict and a list of pairs never share a key
-
-
-def _freeze(value: Any) -> Hashable:
-    """Hashable exact form of JSON-like data; dict key order does not matter.
-
-    Faster than ``json.dumps`` and reuses the strings' cached hashes; non-string scalars
-    carry their type so ``True``, ``1`` and ``1.0`` stay distinct.
-    """
-    kind = type(value)
-    if kind is str:
-        return value
-    if kind is dict:
-        items = [(k, _freeze(v)) for k, v in value.items()]
-        try:
-            items.sort()  # keys are unique, so values are never compared
-        except TypeError:  # keys of mixed types
-            items.sort(key=lambda item: repr(item[0]))
-        return (_DICT, *items)
-    if kind is list or kind is tuple:
-        return (_LIST, *[_freeze(v) for v in value])
-    if isinstance(value, Mapping):
-        return _freeze(dict(value))
-    try:
-        hash(value)
-    except TypeError:
-        return (kind, repr(value))
-    return (kind, value)
+class TemplateWarning(UserWarning):
+    """A chat template that works only if the engine is set up for it (e.g. its stops)."""
 
 
 def _key(messages: Sequence[Mapping[str, Any]], tools: Sequence[Any] | None) -> Hashable:
     """Cache key of a rendering request."""
-    return (_freeze(messages), None if tools is None else _freeze(tools))
+    return (freeze(messages), None if tools is None else freeze(tools))
 
 
 class ChatTokenizer:
@@ -164,14 +108,17 @@ class ChatTokenizer:
         closing = self._probe_tail([], add_generation_prompt=False, what="a final assistant turn")
         # What the template puts after an assistant turn's content (ChatML: "<|im_end|>\n").
         self.closing_ids: tuple[int, ...] = closing
-        eot = []
-        for token in closing:
-            if token not in self._marker_ids:
-                break
-            eot.append(token)
         # The special tokens that open closing_ids: what a model emits to end its turn. Empty
-        # for a template that closes turns with plain text; then the glue always closes it.
-        self.end_of_turn_ids: tuple[int, ...] = tuple(eot)
+        # for a template that closes turns with plain text or not at all; then the glue
+        # always closes the turn, or the model ends it with the next role marker.
+        self.end_of_turn_ids: tuple[int, ...] = self._leading_markers(closing)
+        # The marker tokens that open the glue for each of REPLY_ROLES (GLM-4.5:
+        # "<|user|>", "<|observation|>"; ChatML: the end-of-turn token again).
+        self.reply_marker_ids: tuple[tuple[int, ...], ...] = self._probe_reply_markers()
+        ends = {self.end_of_turn_ids, *self.reply_marker_ids} - {()}
+        self._turn_ends = tuple(sorted(ends, key=len, reverse=True))  # longest match wins
+        if not closing:
+            self._warn_no_closing()
 
     @classmethod
     def from_model(cls, spec: str | None = None, **kwargs: Any) -> ChatTokenizer:
@@ -199,28 +146,41 @@ class ChatTokenizer:
         self,
         env_messages: Sequence[Mapping[str, Any]],
         *,
-        ended_with_eot: bool,
+        ended_with_eot: bool = False,
+        turn_end: Sequence[int] = (),
         tools: Sequence[Any] | None = None,
     ) -> list[int]:
         """Ids to append after a model turn, up to and including the next generation prompt.
 
-        They are the rest of the assistant turn's closing (all of ``closing_ids`` when the
-        turn was cut by max_tokens or a stop string; without the leading end-of-turn tokens
-        when the model emitted them itself, see ``ends_with_eot``), then ``env_messages``
-        rendered, then the next generation prompt. Every glue token is mask 0. LRU-cached.
+        ``turn_end`` are the marker ids the model's turn ended with (``turn_end(ids)``);
+        ``ended_with_eot=True`` is short for ``turn_end=end_of_turn_ids``. The glue is the
+        closing of the assistant turn (all of ``closing_ids`` when the turn was cut by
+        max_tokens or a stop string), then ``env_messages`` rendered, then the next
+        generation prompt, without its first ids when they are the ``turn_end`` the model
+        emitted itself (see the module docstring). Every glue token is mask 0. LRU-cached.
         """
         key = _key(env_messages, tools)
         ids = self._glues.get(key)
         if ids is None:
             ids = self._derive_glue(env_messages, tools)
             self._glues.put(key, ids)
-        skip = len(self.end_of_turn_ids) if ended_with_eot else 0
+        end = self.end_of_turn_ids if ended_with_eot else tuple(turn_end)
+        skip = len(end) if end and ids[: len(end)] == end else 0
         return list(ids[skip:])
 
     def ends_with_eot(self, token_ids: Sequence[int]) -> bool:
         """Whether a model turn's ids end with this template's end-of-turn tokens."""
         n = len(self.end_of_turn_ids)
         return n > 0 and tuple(token_ids[-n:]) == self.end_of_turn_ids
+
+    def turn_end(self, token_ids: Sequence[int]) -> tuple[int, ...]:
+        """The marker ids a model turn ended with: its end-of-turn tokens or the marker
+        that opens a reply role's glue (longest match); ``()`` when it ended otherwise.
+        They are the model's own tokens but not its message's text."""
+        for end in self._turn_ends:
+            if tuple(token_ids[-len(end) :]) == end:
+                return end
+        return ()
 
     # -- plumbing -----------------------------------------------------------------------
 
@@ -262,6 +222,50 @@ class ChatTokenizer:
         self._glues.clear()
 
     # -- probing ------------------------------------------------------------------------
+
+    def _leading_markers(self, ids: Sequence[int]) -> tuple[int, ...]:
+        """The run of special (marker) tokens that ``ids`` start with."""
+        run = []
+        for token in ids:
+            if token not in self._marker_ids:
+                break
+            run.append(token)
+        return tuple(run)
+
+    def _probe_reply_markers(self) -> tuple[tuple[int, ...], ...]:
+        """The leading markers of the glue for one message of each of REPLY_ROLES; a role
+        the template refuses to render is left out (its glue fails when it is needed)."""
+        found: list[tuple[int, ...]] = []
+        for role in REPLY_ROLES:
+            try:
+                glue = self._derive_glue([{"role": role, "content": CONTEXT_PROBE}], None)
+            except TemplateError:
+                continue
+            markers = self._leading_markers(glue)
+            if markers and markers not in found:
+                found.append(markers)
+        return tuple(found)
+
+    def _warn_no_closing(self) -> None:
+        """Warn that a template with no closing needs the engine to stop on role markers."""
+        markers = [self.decode(m) for m in self.reply_marker_ids]
+        if markers:
+            how = (
+                f"by emitting the next role marker ({' or '.join(map(repr, markers))}); "
+                "include those markers in the engine's stop tokens (the model's eos ids or "
+                "SamplingParams.stop_token_ids), or turns run to max_tokens"
+            )
+        else:
+            how = (
+                "but the messages that follow it open with no marker token, so a turn can "
+                "only end by a stop string or max_tokens"
+            )
+        warnings.warn(
+            "chat template renders nothing after an assistant turn's content (no "
+            f"end-of-turn token): the model must end each turn {how}",
+            TemplateWarning,
+            stacklevel=3,
+        )
 
     def _derive_glue(
         self, env_messages: Sequence[Mapping[str, Any]], tools: Sequence[Any] | None
@@ -323,7 +327,9 @@ class VerifyResult:
     ``index`` is the first position where they differ (``None`` when ok); ``context`` is
     the decoded text just before it; ``expected_text`` / ``actual_text`` decode what follows
     in the re-rendering and in the ids. ``leftover`` are rendering ids past the end of the
-    ids that were accepted as the unfinished closing of the last turn.
+    ids that were accepted as the unfinished closing of the last turn; ``ended_by`` are ids
+    past the end of the rendering that were accepted as the role marker that ended the last
+    turn (templates with no closing, where the model ends its turn with the next marker).
     """
 
     ok: bool
@@ -335,6 +341,7 @@ class VerifyResult:
     actual_text: str
     leftover: tuple[int, ...]
     message: str
+    ended_by: tuple[int, ...] = ()
 
     def __bool__(self) -> bool:
         return self.ok
@@ -357,6 +364,8 @@ def verify(
     The rendering has no generation prompt unless asked (pass ``True`` when the ids end
     with one). It may run past the ids by at most a tail of ``chat.closing_ids``: a last
     turn that ended with its end-of-turn token, or was cut by max_tokens, is not closed.
+    The ids may run past it by the reply marker that ended the last turn (``turn_end``),
+    which a template with no closing does not render after the final message.
     Only meaningful for templates that round-trip; for others it shows the drift.
     """
     rendered = chat.render(messages, tools, add_generation_prompt=add_generation_prompt)
@@ -365,17 +374,22 @@ def verify(
     n = min(len(ids), len(expected))
     index = next((i for i in range(n) if ids[i] != expected[i]), None)
     leftover: tuple[int, ...] = ()
+    ended_by: tuple[int, ...] = ()
     if index is None:
         rest, closing = tuple(expected[len(ids) :]), chat.closing_ids
         unclosed = not rest or (len(rest) <= len(closing) and closing[-len(rest) :] == rest)
-        if len(ids) > len(expected) or not unclosed:
+        past = tuple(ids[len(expected) :])
+        if past and past != chat.end_of_turn_ids and past == chat.turn_end(ids):
+            ended_by = past
+        elif past or not unclosed:
             index = n
         else:
             leftover = rest
     if index is None:
         note = f" (left over: {chat.decode(leftover)!r})" if leftover else ""
+        note += f" (turn ended by: {chat.decode(ended_by)!r})" if ended_by else ""
         message = f"ok: {len(ids)} ids match the re-rendered conversation{note}"
-        return VerifyResult(True, None, None, None, "", "", "", leftover, message)
+        return VerifyResult(True, None, None, None, "", "", "", leftover, message, ended_by)
 
     exp_id = expected[index] if index < len(expected) else None
     act_id = ids[index] if index < len(ids) else None

@@ -3,13 +3,11 @@ tests (the ``check_contract`` fixture in tests/conftest.py wraps ``check_contrac
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from typing import Any
 
 from loomrl.tokens import ChatTokenizer, verify
 from loomrl.types import Trajectory
-
-IM_END = "<|im_end|>"
 
 
 def mask_runs(mask: Sequence[int]) -> list[tuple[int, int]]:
@@ -36,10 +34,16 @@ def turns_of(traj: Trajectory) -> list[tuple[int, int, str]]:
     return turns
 
 
-def check_contract(tokenizer: Any, chat: ChatTokenizer, traj: Trajectory) -> None:
+def check_contract(
+    tokenizer: Any, chat: ChatTokenizer, traj: Trajectory, stop_ids: Collection[int] = ()
+) -> None:
     """Assert the contract of one finished trajectory (any status but error/timeout):
     aligned lists, logprobs, one mask run per turn (its pieces contiguous), ids that are
-    the re-rendered conversation, and each turn exactly its assistant message."""
+    the re-rendered conversation, and each turn exactly its assistant message.
+
+    ``stop_ids`` are the tokens that end a model turn (default: the tokenizer's EOS); a
+    turn that ends with one has it in its ids but not in its message's text."""
+    stops = set(stop_ids) or {tokenizer.eos_token_id}
     ids, lps, mask = traj.completion_ids, traj.logprobs, traj.loss_mask
     assert len(ids) == len(lps) == len(mask)
     assert set(mask) <= {0, 1}
@@ -51,21 +55,28 @@ def check_contract(tokenizer: Any, chat: ChatTokenizer, traj: Trajectory) -> Non
     assert len(turns) == traj.turns
 
     # Token level: the ids are the re-rendered conversation, up to the last closing.
-    result = verify(chat, traj.messages, traj.prompt_ids + ids)
+    full = traj.prompt_ids + ids
+    result = verify(chat, traj.messages, full)
     assert result.ok, result.message
+    # A template with no closing renders nothing after the last turn's content, so the
+    # stop token that ended it runs past the rendering.
+    ended_by = 1 if not chat.closing_ids and mask[-1:] == [1] and ids[-1] in stops else 0
+    assert result.ended_by == tuple(full[len(full) - ended_by :])
     # Text level, straight from the template: decoded ids are a prefix of it, and at
     # most the closing of the last assistant turn is left over.
     rendered = tokenizer.apply_chat_template(traj.messages, tokenize=False)
-    decoded = tokenizer.decode(traj.prompt_ids + ids, skip_special_tokens=False)
+    decoded = tokenizer.decode(full[: len(full) - ended_by], skip_special_tokens=False)
     assert rendered.startswith(decoded)
-    assert rendered[len(decoded) :] in ("", "\n", IM_END + "\n")
+    closing = list(chat.closing_ids)
+    tails = {tokenizer.decode(closing[i:], skip_special_tokens=False) for i in range(len(closing))}
+    assert rendered[len(decoded) :] in tails | {""}
     assert traj.messages[-1]["role"] == "assistant"
 
-    # Each model turn is exactly its assistant message (plus the EOS it emitted).
+    # Each model turn is exactly its assistant message (plus the stop token it emitted).
     replies = [m for m in traj.messages if m["role"] == "assistant"][-traj.turns :]
     assert len(replies) == traj.turns
     for (start, end, _), message in zip(turns, replies, strict=True):
         span = ids[start:end]
-        ended = span[-1] == tokenizer.eos_token_id
+        stop = tokenizer.decode(span[-1:], skip_special_tokens=False) if span[-1] in stops else ""
         text = tokenizer.decode(span, skip_special_tokens=False)
-        assert text == message["content"] + (IM_END if ended else "")
+        assert text == message["content"] + stop

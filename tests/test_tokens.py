@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import copy
+import warnings
 from pathlib import Path
 
 import pytest
@@ -11,9 +12,14 @@ from hypothesis import strategies as st
 from transformers import AutoTokenizer
 
 from loomrl.models import resolve
-from loomrl.tokens import ChatTokenizer, LRUCache, TemplateError, verify
+from loomrl.tokens import ChatTokenizer, LRUCache, TemplateError, TemplateWarning, verify
 
 QWEN3_TEMPLATE = (Path(__file__).parent / "data" / "qwen3_chat_template.jinja").read_text()
+# GLM-4.5's chat format: nothing closes an assistant turn, the model ends it by emitting
+# the next role marker (<|user|>, <|observation|>). The markers are special tokens.
+GLM_TEMPLATE = (Path(__file__).parent / "data" / "glm4moe_chat_template.jinja").read_text()
+GLM_TOKENS = ["[gMASK]", "<sop>", "<|system|>", "<|user|>", "<|assistant|>", "<|observation|>"]
+GLM_TOKENS += ["<think>", "</think>", "<tool_response>", "</tool_response>"]
 QWEN3_TOKENS = ["<think>", "</think>", "<tool_call>", "</tool_call>"]
 USER = {"role": "user", "content": "What is 2 + 3?"}
 TOOLS = [
@@ -51,6 +57,19 @@ def qwen_tokenizer(base_tokenizer):
 @pytest.fixture(scope="module")
 def qwen3(qwen_tokenizer) -> ChatTokenizer:
     return ChatTokenizer(qwen_tokenizer, chat_template=QWEN3_TEMPLATE)
+
+
+@pytest.fixture(scope="module")
+def glm_tokenizer(base_tokenizer):
+    tok = copy.deepcopy(base_tokenizer)
+    tok.add_special_tokens({"additional_special_tokens": GLM_TOKENS})
+    return tok
+
+
+@pytest.fixture(scope="module")
+def glm(glm_tokenizer) -> ChatTokenizer:
+    with pytest.warns(TemplateWarning):
+        return ChatTokenizer(glm_tokenizer, chat_template=GLM_TEMPLATE)
 
 
 def rollout(chat: ChatTokenizer, first: list[dict], turns: list, tools=None):
@@ -276,6 +295,153 @@ def test_template_kwargs_reach_every_rendering(qwen_tokenizer):
     empty_think = "<|im_start|>assistant\n<think>\n\n</think>\n\n"
     assert chat.decode(chat.prompt_ids([USER])).endswith(empty_think)
     assert chat.decode(chat.glue_ids([USER], ended_with_eot=True)).endswith(empty_think)
+
+
+# -- GLM-4.5 (no closing: the model ends its turn with the next role marker) ---------------
+
+
+def marker(chat: ChatTokenizer, token: str) -> int:
+    return chat.tokenizer.convert_tokens_to_ids(token)
+
+
+def test_glm_probe_finds_no_closing_and_the_reply_markers(glm):
+    user, observation = marker(glm, "<|user|>"), marker(glm, "<|observation|>")
+    assert glm.closing_ids == () and glm.end_of_turn_ids == ()
+    assert glm.reply_marker_ids == ((user,), (observation,))
+    assert glm.turn_end(glm.encode("It is 5.<|user|>")) == (user,)
+    assert glm.turn_end(glm.encode("It is 5.<|observation|>")) == (observation,)
+    assert glm.turn_end(glm.encode("It is 5.<|assistant|>")) == ()
+    assert glm.turn_end(glm.encode("It is 5.")) == () and glm.turn_end([]) == ()
+
+
+def test_glm_template_warns_once_at_probe_time(glm_tokenizer):
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        chat = ChatTokenizer(glm_tokenizer, chat_template=GLM_TEMPLATE)
+        chat.prompt_ids([USER])
+        chat.glue_ids([USER], turn_end=chat.reply_marker_ids[0])
+        chat.glue_ids([{"role": "tool", "content": "5"}])
+    assert [w.category for w in caught] == [TemplateWarning]
+    text = str(caught[0].message)
+    assert "renders nothing after an assistant turn" in text
+    assert "next role marker ('<|user|>' or '<|observation|>')" in text
+    assert "stop tokens" in text
+    assert caught[0].filename == __file__  # points at the caller that built it
+
+
+def test_template_with_no_closing_and_no_markers_warns_that_turns_cannot_end(base_tokenizer):
+    template = (
+        "{% for m in messages %}{% if not loop.first %}\n{% endif %}{{ m.role }}: "
+        "{{ m.content }}{% endfor %}{% if add_generation_prompt %}\nassistant: {% endif %}"
+    )
+    with pytest.warns(TemplateWarning, match="only end by a stop string or max_tokens"):
+        chat = ChatTokenizer(base_tokenizer, chat_template=template)
+    assert chat.closing_ids == () and chat.reply_marker_ids == ()
+
+
+def test_templates_with_a_closing_do_not_warn(base_tokenizer, qwen_tokenizer):
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        chatml = ChatTokenizer(base_tokenizer)
+        ChatTokenizer(qwen_tokenizer, chat_template=QWEN3_TEMPLATE)
+    im_end = base_tokenizer.convert_tokens_to_ids("<|im_end|>")
+    assert chatml.reply_marker_ids == ((im_end,),)  # the same token as the end of turn
+
+
+def test_chatml_turn_end_is_the_end_of_turn_rule(chatml):
+    im_end = chatml.end_of_turn_ids
+    assert chatml.turn_end(chatml.encode("It is 5.<|im_end|>")) == im_end
+    assert chatml.turn_end(chatml.encode("It is 5.")) == ()
+    assert chatml.turn_end(chatml.encode("It is 5.<|endoftext|>")) == ()
+    env = [{"role": "user", "content": "And 4 + 4?"}]
+    assert chatml.glue_ids(env, turn_end=im_end) == chatml.glue_ids(env, ended_with_eot=True)
+    assert chatml.glue_ids(env, turn_end=()) == chatml.glue_ids(env, ended_with_eot=False)
+
+
+def test_glm_glue_skips_the_marker_the_model_emitted(glm):
+    user, observation = marker(glm, "<|user|>"), marker(glm, "<|observation|>")
+    ask = [{"role": "user", "content": "And 4 + 4?"}]
+    assert glm.decode(glm.glue_ids(ask)) == "<|user|>\nAnd 4 + 4?<|assistant|>"
+    assert glm.decode(glm.glue_ids(ask, turn_end=(user,))) == "\nAnd 4 + 4?<|assistant|>"
+    tools = [{"role": "tool", "content": "5"}, {"role": "tool", "content": "8"}]
+    rest = "\n<tool_response>\n5\n</tool_response>\n<tool_response>\n8\n</tool_response>"
+    assert glm.decode(glm.glue_ids(tools)) == f"<|observation|>{rest}<|assistant|>"
+    assert glm.decode(glm.glue_ids(tools, turn_end=(observation,))) == f"{rest}<|assistant|>"
+    # ended_with_eot has nothing to skip: the template has no end-of-turn token.
+    assert glm.glue_ids(ask, ended_with_eot=True) == glm.glue_ids(ask)
+
+
+def test_glm_glue_after_a_different_marker_is_whole(glm):
+    user, observation = marker(glm, "<|user|>"), marker(glm, "<|observation|>")
+    tools = [{"role": "tool", "content": "5"}]
+    assert glm.glue_ids(tools, turn_end=(user,)) == glm.glue_ids(tools)
+    ask = [{"role": "user", "content": "Go on."}]
+    assert glm.glue_ids(ask, turn_end=(observation,)) == glm.glue_ids(ask)
+    assert glm.decode(glm.glue_ids([], turn_end=(user,))) == "<|assistant|>"
+
+
+def glm_rollout(chat: ChatTokenizer, turns: list) -> tuple[list[int], list[dict]]:
+    """Prompt, then per turn the model's text and stop marker (or ``None``: cut by
+    max_tokens) and the env's reply, glued the way the turn loop glues them."""
+    ids, messages = chat.prompt_ids([USER]), [USER]
+    for text, stop, env in turns:
+        gen = chat.encode(text) + ([marker(chat, stop)] if stop else [])
+        ids += gen
+        messages.append({"role": "assistant", "content": text})
+        if env is not None:
+            ids += chat.glue_ids(env, turn_end=chat.turn_end(gen))
+            messages += env
+    return ids, messages
+
+
+def test_glm_rollout_round_trips_and_verify_accepts_the_final_marker(glm):
+    reply = "\n<think></think>\n"
+    ask, tool = [{"role": "user", "content": "And 4 + 4?"}], [{"role": "tool", "content": "8"}]
+    turns = [
+        (reply + "It is 5.", "<|user|>", ask),
+        (reply + "Let me add.", "<|observation|>", tool),
+        (reply + "Cut by max", None, ask),
+        (reply + "It is 8.", "<|user|>", None),
+    ]
+    ids, messages = glm_rollout(glm, turns)
+    text = glm.decode(ids)
+    assert "It is 5.<|user|>\nAnd 4 + 4?<|assistant|>" in text
+    assert "Let me add.<|observation|>\n<tool_response>\n8" in text
+    assert "Cut by max<|user|>\nAnd 4 + 4?" in text
+    assert "<|user|><|user|>" not in text and "<|observation|><|observation|>" not in text
+    result = verify(glm, messages, ids)
+    assert result.ok, result.message
+    assert result.ended_by == (marker(glm, "<|user|>"),) and result.leftover == ()
+    assert "turn ended by: '<|user|>'" in result.message
+    assert verify(glm, messages, ids[:-1]).ok  # a last turn cut by max_tokens
+    last_turn = len(glm.encode(reply + "It is 8.")) + 1
+    assert verify(glm, messages[:-1], ids[:-last_turn], add_generation_prompt=True).ok
+
+
+def test_glm_verify_refuses_ids_past_the_rendering_that_are_no_reply_marker(glm):
+    ids, messages = glm_rollout(glm, [("\n<think></think>\nIt is 5.", None, None)])
+    assistant = marker(glm, "<|assistant|>")
+    result = verify(glm, messages, [*ids, assistant])
+    assert not result.ok and result.expected_id is None and result.actual_id == assistant
+    doubled = verify(glm, messages, [*ids, marker(glm, "<|user|>"), marker(glm, "<|user|>")])
+    assert not doubled.ok and doubled.index == len(ids)
+
+
+def test_glm_verify_shows_a_mismatched_marker_as_drift(glm):
+    tool = [{"role": "tool", "content": "8"}]
+    turns = [
+        ("\n<think></think>\nLet me add.", "<|user|>", tool),
+        ("\n<think></think>\nOk", None, None),
+    ]
+    ids, messages = glm_rollout(glm, turns)
+    assert "Let me add.<|user|><|observation|>\n<tool_response>" in glm.decode(ids)
+    result = verify(glm, messages, ids)
+    assert not result.ok
+    assert (result.actual_id, result.expected_id) == (
+        marker(glm, "<|user|>"),
+        marker(glm, "<|observation|>"),
+    )
+    assert result.context.endswith("Let me add.")
 
 
 # -- templates the probe must refuse -------------------------------------------------------

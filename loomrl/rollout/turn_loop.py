@@ -129,8 +129,10 @@ async def _play(
             break
         traj.turns += 1
         turn_ids = ids[turn_start:]
-        ended_with_eot = chat.ends_with_eot(turn_ids)
-        body = turn_ids[: -len(chat.end_of_turn_ids)] if ended_with_eot else turn_ids
+        # The marker the model ended its turn with (<|im_end|>, or GLM's next role marker)
+        # stays in the ids as its own token but is not part of the message's text.
+        turn_end = chat.turn_end(turn_ids)
+        body = turn_ids[: len(turn_ids) - len(turn_end)]
         message = {"role": "assistant", "content": chat.decode(body)}
         state.messages.append(message)
         state.turn += 1
@@ -154,7 +156,7 @@ async def _play(
         if turn == ctx.max_turns:
             traj.status = Status.MAX_TURNS  # no glue: no generation follows it
             break
-        glue = chat.glue_ids(step.messages, ended_with_eot=ended_with_eot, tools=state.tools)
+        glue = chat.glue_ids(step.messages, turn_end=turn_end, tools=state.tools)
         if len(traj.prompt_ids) + len(ids) + len(glue) >= ctx.max_len:
             traj.status = Status.TRUNCATED  # no glue past the budget: nothing could follow it
             break
