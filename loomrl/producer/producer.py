@@ -177,7 +177,9 @@ class Producer:
 
     # -- launching -----------------------------------------------------------------------
     def _launch_while(self, allowed: Callable[[], bool]) -> None:
-        while allowed():
+        """Launch groups while ``allowed``; nothing once a failure waits to be raised (a
+        group that crashed stays pending and would only be launched to crash again)."""
+        while self._failure is None and allowed():
             group = self._next_group()
             if group is None:
                 return

@@ -78,7 +78,7 @@ async def _score_batch(ctx: RolloutContext, states: Sequence[EnvState]) -> list[
         return await _attribute(ctx, states, exc)
     try:
         _check_count(ctx, results, states)
-    except ValueError as exc:
+    except Exception as exc:  # not a list of len(states): the scorer's contract, not a sample
         if not ctx.isolate_errors:
             raise
         return [exc] * len(states)

@@ -208,3 +208,16 @@ async def test_rollout_with_a_judge_marks_only_the_failing_sample(make_engine):
     assert [str(t.status) for t in result] == ["terminated", "error", "terminated"] * 2
     assert [t.reward for t in result] == [2.0, 0.0, 2.0] * 2
     assert result.metrics.scored == 4 and result.metrics.reward_mean == 2.0
+
+
+async def test_a_batch_that_returns_no_list_marks_all_without_probing(score_group):
+    class Nothing(Judge):
+        async def score_many(self, states):
+            self.calls.append([s.example["question"] for s in states])
+            return None
+
+    env = Nothing()
+    trajs = await score_group(env)
+    assert statuses(trajs) == ["error"] * 4
+    assert trajs[0].error == "score: TypeError: object of type 'NoneType' has no len()"
+    assert env.calls == [QUESTIONS]
