@@ -164,8 +164,8 @@ def summary_table(metrics: dict[str, float | int], out: Path) -> Table:
     table.add_column("value", justify="right")
     keys = [
         "trajectories", "turns_mean", "terminated_rate", "max_turns_rate", "truncated_rate",
-        "error_rate", "env_timeout_rate", "reward_mean", "reward_std", "reward_min", "reward_max",
-        "zero_variance_group_fraction", "generated_tokens_mean", "env_tokens_mean",
+        "error_rate", "env_timeout_rate", "scored", "reward_mean", "reward_std", "reward_min",
+        "reward_max", "zero_variance_group_fraction", "generated_tokens_mean", "env_tokens_mean",
         "generated_tokens_per_s", "trajectories_per_s", "wall_s",
     ]  # fmt: skip
     for key in keys:

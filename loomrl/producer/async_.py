@@ -63,8 +63,7 @@ class AsyncProducer(Producer):
                 self._launch_while(allowed)
                 await self._wait_change()
         except Exception as exc:  # e.g. should_continue or the log raised: next_batch says so
-            if self._failure is None:
-                self._failure = exc
+            self._fail(exc)
             self._poke()
 
     def _window(self) -> int:

@@ -2,15 +2,26 @@
 
 ``length_dropped_mean`` beside ``length_trained_mean`` is the length bias of staleness
 control: if expiry and restarts throw away mostly long episodes, training sees short ones.
+
+``failures`` counts every failed sample and exception of production, ``failures/<kind>``
+by kind (``error`` and ``env_timeout`` always present, others as they occur); with
+``samples_produced`` (every finished sample, failed ones included) they give the share of
+production that failed, which no batch shows: failed groups never reach one.
 """
 
 from __future__ import annotations
 
 from loomrl.producer.buffer import ReplayBuffer
+from loomrl.producer.failures import Failures, load_failures
 from loomrl.producer.group import GroupStatus
 
 
-def producer_metrics(buffer: ReplayBuffer) -> dict[str, float | int]:
+def producer_metrics(
+    buffer: ReplayBuffer, failures: Failures | None = None
+) -> dict[str, float | int]:
+    """Cumulative counts. The failure counts come from ``failures`` (a producer's
+    ``failures``), else from the buffer's log; a buffer without a log and no ``failures``
+    has none to report, and the keys are left out rather than shown as 0."""
     p = buffer.progress
     consumed = p.total("consumed_samples")
     dropped = p.total("dropped_samples")
@@ -27,6 +38,7 @@ def producer_metrics(buffer: ReplayBuffer) -> dict[str, float | int]:
         "samples_expired": p.total("expired_samples"),
         "samples_restarted": p.total("restarted"),
         "samples_resumed": p.total("resumed"),
+        "samples_produced": p.total("produced_samples"),
         "tokens_produced": p.total("produced_tokens"),
         "tokens_consumed": p.total("consumed_tokens"),
         "tokens_unused": p.total("unused_tokens"),
@@ -42,4 +54,11 @@ def producer_metrics(buffer: ReplayBuffer) -> dict[str, float | int]:
     }
     for stale, count in sorted(p.staleness.items()):
         metrics[f"staleness/{stale}"] = count
+    if failures is None and buffer.log is not None:
+        failures = load_failures(buffer)
+    if failures is not None:
+        metrics["failures"] = failures.total
+        counts = {"error": 0, "env_timeout": 0, **failures.counts}
+        for kind, count in sorted(counts.items()):
+            metrics[f"failures/{kind}"] = count
     return metrics

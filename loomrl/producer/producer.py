@@ -5,11 +5,17 @@ everything a group goes through lives here. Each sample is one turn-loop corouti
 (``loomrl.rollout``) that passes the ``Gate`` before every generation and checkpoints into
 the buffer's log at every turn, so a weight update, an expiry or a crash costs at most
 the turn in progress.
+
+Every failure is kept in ``failures`` (counts by kind, the first messages; see
+``loomrl.producer.failures``) and, with a logged buffer, saved in its log, so a resumed
+run still knows them. The first exception of the producer's own work is raised from
+``next_batch`` with a note saying how many other failures there were.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from collections.abc import Callable, Sequence
 from typing import Any, Literal
 
@@ -18,6 +24,7 @@ from loomrl.engines.base import Engine
 from loomrl.envs.base import EnvState
 from loomrl.producer.buffer import ReplayBuffer
 from loomrl.producer.config import ProducerConfig
+from loomrl.producer.failures import load_failures, save_failures
 from loomrl.producer.gate import Gate
 from loomrl.producer.group import FINAL, UNTRAINABLE, Group, GroupStatus, Sample
 from loomrl.producer.progress import Progress
@@ -37,7 +44,8 @@ class Producer:
     ``is_valid_group(group)`` decides whether a finished, error-free group is trained on
     (else ``filtered``); ``should_continue(progress)`` whether new groups may be drawn.
     ``on_group(group)`` is told of every group that finishes (``completed``, ``filtered``
-    or ``failed``).
+    or ``failed``). ``failures`` counts every failed sample and every exception of the
+    producer's own work, and keeps the first ``keep_failures`` distinct messages.
     """
 
     def __init__(
@@ -58,6 +66,7 @@ class Producer:
         is_valid_group: GroupCheck | None = None,
         should_continue: Callable[[Progress], bool] | None = None,
         on_group: Callable[[Group], None] | None = None,
+        keep_failures: int = 20,
     ) -> None:
         tasks = [tasks] if isinstance(tasks, Task) else list(tasks)
         names = [t.name for t in tasks]
@@ -71,6 +80,7 @@ class Producer:
         self.buffer = buffer if buffer is not None else ReplayBuffer()
         if self.config.buffer_size is not None:  # the config's cap wins over the buffer's
             self.buffer.capacity = self.config.buffer_size
+        self.failures = load_failures(self.buffer, keep_failures)
         self.is_valid_group = is_valid_group
         self.should_continue = should_continue
         self.on_group = on_group
@@ -96,6 +106,7 @@ class Producer:
         self._running: dict[int, asyncio.Task[None]] = {}
         self._waiters: set[asyncio.Event] = set()
         self._failure: BaseException | None = None
+        self._failure_note = ""
         self._closed = False
 
     # -- public --------------------------------------------------------------------------
@@ -166,7 +177,9 @@ class Producer:
 
     # -- launching -----------------------------------------------------------------------
     def _launch_while(self, allowed: Callable[[], bool]) -> None:
-        while allowed():
+        """Launch groups while ``allowed``; nothing once a failure waits to be raised (a
+        group that crashed stays pending and would only be launched to crash again)."""
+        while self._failure is None and allowed():
             group = self._next_group()
             if group is None:
                 return
@@ -253,14 +266,16 @@ class Producer:
             )
             trajs = group.trajectories()
             await score(ctx, trajs, states)
-            self.buffer.finish(group, *self._verdict(group))
+            status, note = self._verdict(group)
+            self.buffer.finish(group, status, note)
+            if status == GroupStatus.FAILED:
+                self._record_failed_samples(group)
             if self.on_group is not None:
                 self.on_group(group)
         except asyncio.CancelledError:
             raise
         except BaseException as exc:
-            if self._failure is None:
-                self._failure = exc
+            self._fail(exc, group)
         finally:
             self._running.pop(group.group_id, None)
             self._poke()
@@ -334,9 +349,45 @@ class Producer:
         finally:
             self._waiters.discard(event)
 
+    # -- failures ------------------------------------------------------------------------
+    def _record_failed_samples(self, group: Group) -> None:
+        for traj in group.trajectories():
+            if traj.status in UNTRAINABLE:
+                self.failures.add(
+                    str(traj.status), traj.error or str(traj.status), task=group.task,
+                    group_id=group.group_id, sample_index=traj.sample_index,
+                )  # fmt: skip
+        save_failures(self.buffer, self.failures)
+
+    def _fail(self, exc: BaseException, group: Group | None = None) -> None:
+        """Count an exception of the producer's own work; the first one is raised."""
+        if self._failure is None:
+            self._failure = exc
+        self.failures.add(
+            type(exc).__name__, str(exc), task=None if group is None else group.task,
+            group_id=None if group is None else group.group_id,
+        )  # fmt: skip
+        # When the log itself fails it cannot hold this record; the raise still tells.
+        with contextlib.suppress(Exception):
+            save_failures(self.buffer, self.failures)
+
     def _raise_failure(self) -> None:
-        if self._failure is not None:
-            raise self._failure
+        """Raise the first exception, noting how many other failures there were."""
+        exc = self._failure
+        if exc is None:
+            return
+        notes = getattr(exc, "__notes__", [])
+        if self._failure_note in notes:
+            notes.remove(self._failure_note)
+        others = self.failures.total - 1  # this exception is counted too
+        if others > 0:
+            self._failure_note = (
+                f"production counted {self.failures.summary()}: this one and {others} "
+                f"other{'s' if others != 1 else ''}; Producer.failures.records holds the "
+                f"first messages"
+            )
+            exc.add_note(self._failure_note)
+        raise exc
 
 
 def _example_id(group: Group) -> int:

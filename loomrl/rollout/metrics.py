@@ -1,4 +1,11 @@
-"""Per-call rollout metrics (the set NeMo-RL reports, plus where the time went)."""
+"""Per-call rollout metrics (the set NeMo-RL reports, plus where the time went).
+
+Reward statistics describe the trajectories that were scored (``scored`` of them):
+``error``, ``env_timeout`` and ``aborted`` ones carry the default reward 0.0, which is no
+measurement, so they would drag the mean towards 0; their shares are the ``*_rate``
+fields instead. With nothing scored every reward statistic is 0.0 (never NaN), and
+``scored = 0`` says why.
+"""
 
 from __future__ import annotations
 
@@ -6,6 +13,7 @@ import math
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 
+from loomrl.rollout.scoring import SCORED
 from loomrl.types import Status, Trajectory
 
 
@@ -26,6 +34,7 @@ class RolloutMetrics:
     prompt_tokens_mean: float
     generated_tokens_mean: float
     env_tokens_mean: float
+    scored: int
     reward_mean: float
     reward_std: float
     reward_min: float
@@ -44,15 +53,24 @@ class RolloutMetrics:
 
 
 def compute_metrics(trajs: Sequence[Trajectory], n: int, wall_s: float) -> RolloutMetrics:
-    """Summarise one call; groups are consecutive runs of ``n`` trajectories."""
+    """Summarise one call; groups are consecutive runs of ``n`` trajectories.
+
+    ``reward_*`` are over scored trajectories only (status terminated, max_turns or
+    truncated). ``zero_variance_group_fraction``: of the groups with at least two scored
+    members, the share whose scored rewards are all equal; a group with fewer (all but
+    one failed, or ``n = 1``) has no measurable spread and is in neither count; 0.0
+    when no group has two.
+    """
     count = len(trajs)
     size = max(count, 1)
-    rewards = [t.reward for t in trajs]
-    mean = math.fsum(rewards) / size
+    rewards = [t.reward for t in trajs if t.status in SCORED]
+    mean = math.fsum(rewards) / max(len(rewards), 1)
     turns = [t.turns for t in trajs]
     generated = sum(t.num_completion_tokens for t in trajs)
-    groups = [rewards[i : i + n] for i in range(0, count, n)]
-    flat = sum(1 for g in groups if max(g) - min(g) == 0)
+    groups = [trajs[i : i + n] for i in range(0, count, n)]
+    by_group = [[t.reward for t in g if t.status in SCORED] for g in groups]
+    spreads = [max(g) - min(g) for g in by_group if len(g) >= 2]
+    flat = sum(1 for spread in spreads if spread == 0)
     wall = max(wall_s, 1e-9)
 
     def rate(status: Status) -> float:
@@ -80,11 +98,12 @@ def compute_metrics(trajs: Sequence[Trajectory], n: int, wall_s: float) -> Rollo
         prompt_tokens_mean=mean_of([len(t.prompt_ids) for t in trajs]),
         generated_tokens_mean=generated / size,
         env_tokens_mean=mean_of([t.num_env_tokens for t in trajs]),
+        scored=len(rewards),
         reward_mean=mean,
-        reward_std=math.sqrt(math.fsum((r - mean) ** 2 for r in rewards) / size),
+        reward_std=math.sqrt(math.fsum((r - mean) ** 2 for r in rewards) / max(len(rewards), 1)),
         reward_min=min(rewards, default=0.0),
         reward_max=max(rewards, default=0.0),
-        zero_variance_group_fraction=flat / max(len(groups), 1),
+        zero_variance_group_fraction=flat / max(len(spreads), 1),
         generate_s=clock("generate_s"),
         env_s=clock("env_s"),
         score_s=clock("score_s"),

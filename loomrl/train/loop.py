@@ -26,6 +26,7 @@ from loomrl.producer import AsyncProducer, ProducerConfig, ReplayBuffer, SyncPro
 from loomrl.producer.metrics import producer_metrics
 from loomrl.rollout import Rollouts
 from loomrl.rollout.metrics import compute_metrics
+from loomrl.rollout.scoring import SCORED
 from loomrl.runs import write_trajectories
 from loomrl.train.checkpoint import latest_checkpoint, load_learner_state, save_checkpoint
 from loomrl.train.config import TrainConfig
@@ -100,10 +101,11 @@ async def train(
             # Synced even after a skipped learner step: versions count steps, which is
             # what the staleness bound is measured in.
             sync_s = await producer.update_weights(model.state_dict(), version=step + 1)
+            production = _producer_row(buffer)
             row.update(
                 step=step + 1, rollout_s=rollout_s, sync_s=sync_s,
                 step_s=time.perf_counter() - started, policy_version=engine.policy_version,
-                **_rollout_metrics(trajs), **_producer_row(buffer),
+                **_rollout_metrics(trajs, production, rows[-1] if rows else None), **production,
             )  # fmt: skip
             write_trajectories(out / "trajectories" / f"step-{step + 1:06d}.parquet", trajs)
             with open(out / "metrics.jsonl", "a") as f:
@@ -190,20 +192,37 @@ def _step(
     return {**row, **learner.step(batch)}
 
 
-def _rollout_metrics(trajs: Rollouts) -> dict[str, float]:
+def _rollout_metrics(
+    trajs: Rollouts, production: dict[str, float | int], previous: dict[str, Any] | None
+) -> dict[str, float]:
     """Reward and length statistics of one step's rollouts (from the call's own
-    ``RolloutMetrics``), plus the mean of each named reward component."""
+    ``RolloutMetrics``), the mean of each named reward component over scored trajectories,
+    and ``error_rate``.
+
+    ``error_rate`` is measured on production, not on the batch (failed groups never reach
+    one, so the batch would always say 0): of the samples that finished since the previous
+    row (``producer/samples_produced``), the share that ended in ``error`` or
+    ``env_timeout`` (``producer/failures/...``); ``production`` holds this step's
+    cumulative producer counts, ``previous`` the previous row (None on the first step).
+    """
     m = trajs.metrics
+
+    def since(key: str) -> float:
+        return float(production.get(key, 0)) - float((previous or {}).get(key, 0))
+
+    finished = since("producer/samples_produced")
+    failed = since("producer/failures/error") + since("producer/failures/env_timeout")
     metrics = {
         "reward_mean": m.reward_mean,
         "reward_std": m.reward_std,
         "completion_tokens_mean": m.generated_tokens_mean,
         "turns_mean": m.turns_mean,
-        "error_rate": m.error_rate + m.env_timeout_rate,
+        "error_rate": failed / finished if finished > 0 else 0.0,
     }
-    names = sorted({name for t in trajs for name in t.reward_components})
+    scored = [t for t in trajs if t.status in SCORED]
+    names = sorted({name for t in scored for name in t.reward_components})
     for name in names:
-        values = [t.reward_components.get(name, 0.0) for t in trajs]
+        values = [t.reward_components.get(name, 0.0) for t in scored]
         metrics[f"reward/{name}"] = sum(values) / len(values)
     return metrics
 
