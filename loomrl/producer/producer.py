@@ -196,7 +196,9 @@ class Producer:
         room = self.buffer.room()
         if not self._may_draw() or (room is not None and room <= 0):
             return None
-        open_tasks = {n: self.tasks[n].weight for n in self._tasks_with_examples()}
+        # In the tasks' own order: ties between tasks break by it, whatever the hash seed.
+        with_examples = self._tasks_with_examples()
+        open_tasks = {n: t.weight for n, t in self.tasks.items() if n in with_examples}
         # By groups that can still be trained on: a filtered or failed group is replaced
         # by one of its own task, else the task would lack its share of every batch.
         counts = {n: self.progress.task(n) for n in open_tasks}
