@@ -17,6 +17,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import tomli_w
 
+from loomrl.redact import redact_value
 from loomrl.types import Status, Trajectory
 
 TRAJECTORY_SCHEMA = pa.schema(
@@ -200,11 +201,19 @@ def write_run(
 
 
 def toml_ready(value: Any) -> Any:
-    """TOML has no null: drop None values; paths become strings."""
+    """TOML has no null: drop None values; paths become strings; URLs lose their secrets.
+
+    A string that is a URL (``scheme://host...``) is written redacted
+    (``loomrl.redact.redact_url``: userinfo and secret-looking query values become
+    ``***``), so a run directory never holds a credential. Pass secrets through
+    environment variables (e.g. ``RemoteReward(token_env=...)``) instead.
+    """
     if isinstance(value, Mapping):
         return {str(k): toml_ready(v) for k, v in value.items() if v is not None}
     if isinstance(value, list | tuple):
         return [toml_ready(v) for v in value]
     if isinstance(value, Path):
         return str(value)
+    if isinstance(value, str):
+        return redact_value(value)
     return value

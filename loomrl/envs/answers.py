@@ -9,12 +9,20 @@ from __future__ import annotations
 
 import math
 import re
+from collections import deque
 from dataclasses import dataclass
 from fractions import Fraction
 
 NUMBER = r"[-+]?\d+(?:,\d{3})*(?:\.\d+)?"
 _NUMBER_RE = re.compile(NUMBER)
-_ANSWER_LINE = re.compile(rf"^[ \t]*answer:[ \t]*({NUMBER})[ \t]*\.?[ \t]*$", re.I | re.M)
+# Linear: no two adjacent quantifiers can match the same characters (the spaces around
+# the optional period are ``[ \t]*(?:\.[ \t]*)?``, not ``[ \t]*\.?[ \t]*``, which rescans a
+# long run of spaces once per split point), and only line starts can begin a match.
+# Possessive/atomic parts never give characters back: giving some back could not make
+# the line match (what would follow is a digit, ',' or '.', which nothing after accepts).
+_ANSWER_LINE = re.compile(
+    rf"^[ \t]*+answer:[ \t]*+((?>{NUMBER}))[ \t]*+(?:\.[ \t]*+)?$", re.IGNORECASE | re.MULTILINE
+)
 FORMAT_HINT = "End your reply with a line of the form 'Answer: <number>'."
 
 
@@ -27,10 +35,15 @@ class Answer:
 
 
 def extract_answer(text: str) -> Answer:
-    """The last ``Answer: N`` line's number, else the last number anywhere in ``text``."""
-    lines = _ANSWER_LINE.findall(text)
-    if lines:
-        return Answer(parse_number(lines[-1]), formatted=True)
+    """The last ``Answer: N`` line's number, else the last number anywhere in ``text``.
+
+    An answer line is ``Answer:`` (any case, may be indented), the number, and at most
+    one trailing period; spaces and tabs may surround each part. Lines are split at
+    ``\\n`` only. Linear in ``len(text)``.
+    """
+    last = deque(_ANSWER_LINE.finditer(text), maxlen=1)  # consumed in C, keeps the last
+    if last:
+        return Answer(parse_number(last[0].group(1)), formatted=True)
     numbers = _NUMBER_RE.findall(text)
     return Answer(parse_number(numbers[-1]) if numbers else None, formatted=False)
 
@@ -54,4 +67,9 @@ def same_number(got: Fraction | None, expected: int | float | str) -> bool:
         return False
     if got == Fraction(expected):
         return True
-    return isinstance(expected, float) and math.isclose(float(got), expected, rel_tol=1e-9)
+    if not isinstance(expected, float):
+        return False
+    try:
+        return math.isclose(float(got), expected, rel_tol=1e-9)
+    except OverflowError:  # a reply with hundreds of digits is beyond any finite float
+        return False

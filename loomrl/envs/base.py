@@ -26,12 +26,16 @@ from __future__ import annotations
 
 import abc
 import asyncio
+import contextvars
+import functools
 import inspect
 import math
 import random
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
+
+from loomrl.workers import shared_pool
 
 Message = dict[str, Any]
 Score = float | dict[str, float]
@@ -123,10 +127,16 @@ class Environment(abc.ABC):
 
 
 async def call(fn: Callable[..., Any], /, *args: Any, **kwargs: Any) -> Any:
-    """Await ``fn(*args, **kwargs)``: coroutine functions directly, sync ones in a thread."""
+    """Await ``fn(*args, **kwargs)``: coroutine functions directly, sync ones in a thread.
+
+    Sync ones run on ``loomrl.workers.shared_pool()`` (daemon threads, as
+    ``asyncio.to_thread`` would but never joined at exit: a call the caller stopped
+    waiting for cannot keep the process alive), with the caller's context variables.
+    """
     if inspect.iscoroutinefunction(fn):
         return await fn(*args, **kwargs)
-    result = await asyncio.to_thread(fn, *args, **kwargs)
+    bound = functools.partial(contextvars.copy_context().run, fn, *args, **kwargs)
+    result = await asyncio.get_running_loop().run_in_executor(shared_pool(), bound)
     if inspect.isawaitable(result):  # e.g. a callable object with an async __call__
         return await result
     return result

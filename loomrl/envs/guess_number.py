@@ -14,12 +14,21 @@ from typing import Any
 from loomrl.envs.base import Environment, EnvState, EnvStep, Message, make_dataset
 
 _INT = re.compile(r"-?\d+")
+MAX_DIGITS = 1000  # longer integers are no guess (and int() of them is slow or refused)
 
 
 def first_int(text: str) -> int | None:
-    """The first integer written in ``text``, if any."""
+    """The first integer written in ``text``; None without one or past ``MAX_DIGITS`` digits.
+
+    Linear in ``len(text)``: the regex is one pass and a digit run is only converted when
+    short (leading zeros do not count).
+    """
     match = _INT.search(text)
-    return int(match.group()) if match else None
+    if match is None:
+        return None
+    sign, digits = ("-", match.group()[1:]) if match.group()[0] == "-" else ("", match.group())
+    digits = digits.lstrip("0") or "0"
+    return int(sign + digits) if len(digits) <= MAX_DIGITS else None
 
 
 class GuessNumberEnv(Environment):

@@ -50,13 +50,26 @@ class HermesParser:
 
     A block left open at the end of the text (a stop string or length cut) still counts
     as an attempt; ``"parameters"`` is accepted for ``"arguments"``, and arguments given
-    as a JSON-encoded string are decoded.
+    as a JSON-encoded string are decoded. At most ``max_calls`` calls are read per text:
+    one more block makes a final error item saying the rest was not read (so a reply of
+    thousands of blocks costs as much as ``max_calls + 1``). Linear in ``len(text)``.
     """
 
+    # Each position is tried once: the lazy body stops at the first closing tag, next
+    # opening tag or the end, and a match resumes the search after itself.
     _BLOCK = re.compile(r"<tool_call>(.*?)(?:</tool_call>|(?=<tool_call>)|\Z)", re.S)
+    max_calls = 64
 
     def parse(self, text: str) -> list[ParsedCall]:
-        return [_decode(m.group(1).strip()) for m in self._BLOCK.finditer(text)]
+        calls: list[ParsedCall] = []
+        for m in self._BLOCK.finditer(text):
+            if len(calls) == self.max_calls:
+                raw = text[m.start() :]
+                error = f"more than {self.max_calls} tool calls in one reply; the rest was not read"
+                calls.append(ToolCallError(error, raw))
+                break
+            calls.append(_decode(m.group(1).strip()))
+        return calls
 
     def instructions(self, tools: list[dict[str, Any]]) -> str:
         listed = "\n".join(json.dumps(t) for t in tools)
@@ -77,6 +90,8 @@ def _decode(raw: str) -> ParsedCall:
         return ToolCallError(f"invalid JSON in tool call: {e.msg} (column {e.colno})", raw)
     except RecursionError:
         return ToolCallError("invalid JSON in tool call: nested too deeply", raw)
+    except ValueError as e:  # an integer longer than int() reads (sys.get_int_max_str_digits)
+        return ToolCallError(f"invalid JSON in tool call: {_first_clause(e)}", raw)
     if not isinstance(call, dict):
         return ToolCallError(
             'a tool call must be a JSON object {"name": ..., "arguments": {...}}', raw
@@ -88,12 +103,19 @@ def _decode(raw: str) -> ParsedCall:
     if isinstance(arguments, str):
         try:
             arguments = json.loads(arguments) if arguments.strip() else {}
-        except (json.JSONDecodeError, RecursionError) as e:
-            problem = getattr(e, "msg", "nested too deeply")
+        except (ValueError, RecursionError) as e:  # JSONDecodeError is a ValueError
+            problem = getattr(e, "msg", None) or (
+                "nested too deeply" if isinstance(e, RecursionError) else _first_clause(e)
+            )
             return ToolCallError(f"invalid JSON in the arguments string: {problem}", raw, name)
     if not isinstance(arguments, dict):
         return ToolCallError('"arguments" must be a JSON object of named arguments', raw, name)
     return ToolCall(name, arguments)
+
+
+def _first_clause(error: Exception) -> str:
+    """The error's message up to its first ';' (the part that is about the text)."""
+    return str(error).split(";")[0]
 
 
 _PARSERS: dict[str, ToolCallParser] = {}

@@ -23,6 +23,7 @@ from typing import Any, Protocol, runtime_checkable
 
 from loomrl.aio import gather_or_cancel
 from loomrl.envs.base import EnvState, Message
+from loomrl.workers import shared_pool
 
 RewardFn = Callable[["RewardSample"], "float | bool | Awaitable[float | bool]"]
 
@@ -156,12 +157,14 @@ def check_scores(scores: object, n: int, what: str) -> list[float]:
 
 
 async def call_fn(fn: Callable[[Any], Any], arg: Any, executor: Any = None) -> Any:
-    """Await ``fn(arg)``: coroutine functions on the loop, sync ones in ``executor``."""
+    """Await ``fn(arg)``: coroutine functions on the loop, sync ones in ``executor``
+    (default: ``loomrl.workers.shared_pool()``, daemon threads that exit never waits for)."""
     if inspect.iscoroutinefunction(fn) or inspect.iscoroutinefunction(
         getattr(fn, "__call__", None)  # noqa: B004 - an object with an async __call__
     ):
         return await fn(arg)
-    result = await asyncio.get_running_loop().run_in_executor(executor, fn, arg)
+    pool = executor if executor is not None else shared_pool()
+    result = await asyncio.get_running_loop().run_in_executor(pool, fn, arg)
     if inspect.isawaitable(result):
         return await result
     return result

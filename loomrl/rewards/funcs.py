@@ -18,7 +18,9 @@ the time with ``Rubric(timeout_s=...)``; the text handed to it is capped at
 
 from __future__ import annotations
 
+import itertools
 import re
+from collections import deque
 from collections.abc import Callable
 from typing import Any
 
@@ -26,24 +28,70 @@ from loomrl.envs.answers import extract_answer
 from loomrl.rewards.base import RewardFn, RewardSample
 
 _BOXED = re.compile(r"\\(?:boxed|fbox)\s*\{")
-_ANSWER_LINE = re.compile(r"^[ \t]*answer[ \t]*:[ \t]*(.+?)[ \t]*$", re.I | re.M)
+_NOT_BRACE = re.compile(r"[^{}]+")
+_STEP = {"{": 1, "}": -1}
+_SPARSE_CLOSES = 64  # closing braces scanned one by one before the dense (vectorised) scan
+# Only the head is a regex (anchored at line starts, followed by one more character on
+# the line); the rest of the line is cut with string operations, so no quantifier ever
+# rescans a long line's tail (``(.+?)[ \t]*$`` does: quadratic in a run of spaces).
+_ANSWER_HEAD = re.compile(r"^[ \t]*+answer[ \t]*+:(?=[^\n])", re.IGNORECASE | re.MULTILINE)
 
 
 def boxed(text: str) -> str | None:
-    """The content of the last ``\\boxed{...}`` (braces matched), or None."""
+    """The content of the last ``\\boxed{...}`` whose braces close (matched), or None.
+
+    Linear in ``len(text)``: candidates are tried right to left, and a candidate that
+    never closes bounds the scan of every earlier one (an earlier box that closed after
+    it would enclose its opening brace, which would then close too), so each character
+    is scanned at most once.
+    """
+    limit = len(text)
     for match in reversed(list(_BOXED.finditer(text))):
-        depth, start = 1, match.end()
-        for i in range(start, len(text)):
-            depth += {"{": 1, "}": -1}.get(text[i], 0)
-            if depth == 0:
-                return text[start:i].strip()
+        start = match.end()
+        close = _closing_brace(text, start, limit)
+        if close is not None:
+            return text[start:close].strip()
+        limit = start - 1  # this box's own opening brace
     return None
 
 
+def _closing_brace(text: str, start: int, end: int) -> int | None:
+    """Where the brace opened just before ``start`` closes within ``text[:end]``, or None."""
+    depth, i = 1, start
+    for _ in range(_SPARSE_CLOSES):  # usual text: a few braces, found with str.find
+        close = text.find("}", i, end)
+        if close < 0:
+            return None
+        depth += text.count("{", i, close) - 1
+        if depth == 0:
+            return close
+        i = close + 1
+    # Dense braces: a running depth over the braces alone, computed in C.
+    region = text[i:end]
+    braces = _NOT_BRACE.sub("", region)
+    try:
+        k = list(itertools.accumulate(map(_STEP.__getitem__, braces), initial=depth)).index(0)
+    except ValueError:
+        return None
+    closes = k - braces.count("{", 0, k)  # closing braces among braces[:k]; the k-th is ours
+    return end - len(region.split("}", closes)[-1]) - 1
+
+
 def answer_line(text: str) -> str | None:
-    """What follows ``Answer:`` on the last such line, or None."""
-    found = _ANSWER_LINE.findall(text)
-    return found[-1] if found else None
+    """What follows ``Answer:`` on the last such line (spaces and tabs trimmed), or None.
+
+    A line is what lies between ``\\n`` characters; ``Answer:`` may be indented and is
+    matched in any case. A line whose rest is only spaces/tabs gives its last one (kept
+    for compatibility with the regex this replaces; callers strip it); an empty rest does
+    not count.
+    """
+    last = deque(_ANSWER_HEAD.finditer(text), maxlen=1)  # consumed in C, keeps the last
+    if not last:
+        return None
+    start = last[0].end()
+    end = text.find("\n", start)
+    rest = text[start : end if end >= 0 else len(text)]
+    return rest.strip(" \t") or rest[-1]
 
 
 def final_answer(text: str) -> str:

@@ -47,7 +47,9 @@ from {low} to {high} ({high} is best)."""
 
 FIELDS = frozenset({"prompt", "completion", "reference", "low", "high"})
 _SCORE_LINE = re.compile(r"^[ \t]*score[ \t]*:(.*)$", re.I | re.M)
-_NUMBER = re.compile(r"[ \t]*([-+]?(?:\d+(?:\.\d*)?|\.\d+))[ \t]*\.?[ \t]*")
+# No two adjacent quantifiers can share characters (``[ \t]*\.?[ \t]*`` would rescan a
+# long run of spaces once per split point): linear on any line.
+_NUMBER = re.compile(r"[ \t]*([-+]?(?:\d+(?:\.\d*)?|\.\d+))[ \t]*(?:\.[ \t]*)?")
 
 
 class JudgeParseError(RewardError):

@@ -19,34 +19,46 @@ sleeping ``min(max_backoff_s, backoff_s * 2**attempt)`` in between. Anything els
 at once: another HTTP status (a 401/403 says whether a token was sent), a redirect (never
 followed: it would forward the body and the token), a body that is not JSON, has no
 ``scores`` list, has the wrong number of scores or a non-finite one. Every failure is a
-``RemoteRewardError`` naming the URL (without credentials or query) and the problem.
+``RemoteRewardError`` naming the URL (without query) and the problem.
 
-The token is kept out of ``repr``, logs and error messages (server replies quoted in
-errors have it redacted). Loopback URLs bypass proxy environment variables; other URLs
-honour them. Requests run in worker threads through ``urllib``; a timed-out request's
-thread ends by itself within ``timeout_s`` (the socket timeout).
+Secrets. The token is kept out of ``repr``, logs and error messages (server replies
+quoted in errors have it and any URL secrets redacted, ``loomrl.redact``). A URL with
+credentials in it (``user:pass@``) is refused: ``urllib`` does not send them, and they
+would end up in logs; put the token in an environment variable and name it with
+``token_env``. A token sent over plain ``http://`` to a host that is not loopback
+warns once per host and process (``RuntimeWarning``): anyone on the path can read it.
+
+Loopback URLs bypass proxy environment variables; other URLs honour them. Requests run
+through ``urllib`` on daemon worker threads (``loomrl.workers.shared_pool``); a
+timed-out request's thread ends by itself within ``timeout_s`` (the socket timeout),
+and never keeps the process from exiting.
 """
 
 from __future__ import annotations
 
 import asyncio
 import http.client
+import ipaddress
 import json
 import math
 import os
 import socket
 import urllib.request
+import warnings
 from collections.abc import Sequence
 from typing import Any
 from urllib.error import HTTPError, URLError
 from urllib.parse import urlsplit
 
 from loomrl.aio import gather_or_cancel
+from loomrl.redact import redact_text, redact_url
 from loomrl.rewards.base import RewardError, RewardSample
+from loomrl.workers import shared_pool
 
 RETRY_STATUS = frozenset({408, 425, 429, 500, 502, 503, 504})
 MAX_RESPONSE_BYTES = 16 * 1024 * 1024
 _LOOPBACK = frozenset({"127.0.0.1", "localhost", "::1"})
+_warned_plain_http: set[str] = set()  # hosts already warned about (once per process)
 
 
 class RemoteRewardError(RewardError):
@@ -98,9 +110,21 @@ class RemoteReward:
         batch_size: int = 64,
         max_concurrency: int = 4,
     ) -> None:
-        parts = urlsplit(url)
-        if parts.scheme not in ("http", "https") or not parts.hostname:
-            raise ValueError(f"RemoteReward needs an http(s) URL with a host, got {url!r:.200}")
+        try:
+            parts = urlsplit(url)
+            host, _ = parts.hostname, parts.port  # a malformed host or port raises here
+        except ValueError:
+            parts, host = None, None
+        if parts is None or parts.scheme not in ("http", "https") or not host:
+            raise ValueError(
+                f"RemoteReward needs an http(s) URL with a host, got {redact_url(url)!r:.200}"
+            )
+        if "@" in parts.netloc:
+            raise ValueError(
+                f"RemoteReward URL {redact_url(url)!r:.200} has credentials in it (user:pass@), "
+                "which are never sent; put the token in an environment variable and pass "
+                "token_env='VARIABLE' (it goes in an Authorization: Bearer header)"
+            )
         problems = []
         if not timeout_s > 0:
             problems.append(f"timeout_s must be > 0, got {timeout_s}")
@@ -129,10 +153,12 @@ class RemoteReward:
                     f"RemoteReward(token_env={token_env!r}) reads its bearer token from it"
                 )
             self._token = _Secret(value)
+            if parts.scheme == "http" and not is_loopback(host):
+                _warn_plain_http(host, token_env)
         self.timeout_s, self.retries = float(timeout_s), retries
         self.backoff_s, self.max_backoff_s = backoff_s, max_backoff_s
         self.batch_size, self.max_concurrency = batch_size, max_concurrency
-        proxies = urllib.request.ProxyHandler({} if parts.hostname in _LOOPBACK else None)
+        proxies = urllib.request.ProxyHandler({} if host in _LOOPBACK else None)
         self._opener = urllib.request.build_opener(proxies, _NoRedirect())
 
     async def __call__(self, samples: Sequence[RewardSample]) -> list[float]:
@@ -169,7 +195,9 @@ class RemoteReward:
             try:
                 try:
                     async with asyncio.timeout(self.timeout_s):
-                        status, reason, payload = await asyncio.to_thread(self._send, body)
+                        status, reason, payload = await asyncio.get_running_loop().run_in_executor(
+                            shared_pool(), self._send, body
+                        )
                 except TimeoutError:
                     raise _Problem(self._slow(), retry=True) from None
                 return self._scores(status, reason, payload, len(items))
@@ -177,7 +205,7 @@ class RemoteReward:
                 if not problem.retry or attempt == self.retries:
                     tries = f" (gave up after {attempt + 1} attempts)" if attempt else ""
                     raise RemoteRewardError(
-                        f"reward server {self.display_url}: {problem}{tries}"
+                        redact_text(f"reward server {self.display_url}: {problem}{tries}")
                     ) from None
             await asyncio.sleep(min(self.max_backoff_s, self.backoff_s * 2**attempt))
         raise AssertionError("unreachable")  # the loop returns or raises
@@ -263,6 +291,28 @@ class RemoteReward:
     def __repr__(self) -> str:
         token = f", token_env={self.token_env!r}" if self.token_env else ""
         return f"RemoteReward({self.display_url!r}{token})"
+
+
+def is_loopback(host: str) -> bool:
+    """Whether ``host`` names this machine (``localhost``, 127.0.0.0/8, ``::1``)."""
+    if host == "localhost" or host.endswith(".localhost"):
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:  # a name, not an address
+        return False
+
+
+def _warn_plain_http(host: str, token_env: str) -> None:
+    if host in _warned_plain_http:
+        return
+    _warned_plain_http.add(host)
+    warnings.warn(
+        f"RemoteReward sends the bearer token from ${token_env} to {host} over plain http: "
+        "anyone on the network path can read it; use an https:// URL",
+        RuntimeWarning,
+        stacklevel=3,
+    )
 
 
 def _read(response: http.client.HTTPResponse) -> bytes:

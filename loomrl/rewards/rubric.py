@@ -11,8 +11,9 @@
     result.total      # 1.1 == sum(components)
 
 Every term of every sample is evaluated concurrently: ``async def`` functions are
-gathered on the event loop, ``def`` functions run in ``executor`` (asyncio's default
-thread pool when ``None``). ``RubricEnv`` turns any ``Scorer`` into an environment's
+gathered on the event loop, ``def`` functions run in ``executor`` (when ``None``,
+``loomrl.workers.shared_pool()``: daemon threads, so a function stuck past ``timeout_s``
+never holds the process at exit). ``RubricEnv`` turns any ``Scorer`` into an environment's
 ``score``.
 """
 

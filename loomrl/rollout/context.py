@@ -1,8 +1,19 @@
 """Everything one rollout call shares: engine, environment, template, limits, executors.
 
-Environment methods may be sync; they run on a dedicated thread pool sized for
+Environment methods may be sync; they run on a pool of daemon threads sized for
 environment work (``env_workers``), not on asyncio's small default pool, so hundreds of
 env steps run at once. A scorer that is not thread-safe gets a one-thread pool of its own.
+
+Hung calls: an env call past ``env_timeout`` is abandoned (its trajectory ends
+``env_timeout``); its thread finishes in the background or dies with the process, which
+never waits for it at exit (``loomrl.workers``). With ``env_timeout=None`` (the
+library's default) nothing is abandoned: a call that never returns holds its rollout.
+
+Inline calls: an environment with ``nonblocking = True`` has its sync methods called
+on the event loop, where ``env_timeout`` cannot stop them. Two bounds keep that cheap:
+a call handed more model text (assistant message contents) than ``INLINE_MAX_CHARS``
+runs on the pool instead, and after one inline call slower than ``INLINE_BUDGET_S`` the
+rollout stops calling that environment inline (one ``RuntimeWarning`` says so).
 """
 
 from __future__ import annotations
@@ -11,9 +22,11 @@ import asyncio
 import functools
 import inspect
 import itertools
+import time
 import uuid
+import warnings
 from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Executor
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -22,6 +35,13 @@ from loomrl.envs.base import Environment, EnvState
 from loomrl.rollout.barrier import TurnBarrier
 from loomrl.tokens import ChatTokenizer
 from loomrl.types import SamplingParams, Trajectory
+from loomrl.workers import DaemonPool
+
+INLINE_MAX_CHARS = 16_384
+"""Most model text (characters) a nonblocking env's call may read inline on the loop."""
+INLINE_BUDGET_S = 0.05
+"""An inline call slower than this moves the env's later calls to the pool."""
+_clock = time.perf_counter
 
 
 class EnvTimeout(Exception):
@@ -60,9 +80,10 @@ class RolloutContext:
     max_len: int
     env_timeout: float | None
     isolate_errors: bool
-    env_pool: ThreadPoolExecutor
-    score_pool: ThreadPoolExecutor
+    env_pool: Executor
+    score_pool: Executor
     run_id: str
+    inline: bool = False  # call sync env methods on the loop (see the module docstring)
     barrier: TurnBarrier | None = None
     gate: Gate | None = None
     checkpoint: Checkpoint | None = None
@@ -80,26 +101,27 @@ class RolloutContext:
         return await self._call(fn, args, self.score_pool, "score")
 
     async def _call(
-        self, fn: Callable[..., Any], args: tuple[Any, ...], pool: ThreadPoolExecutor, what: str
+        self, fn: Callable[..., Any], args: tuple[Any, ...], pool: Executor, what: str
     ) -> Any:
         # One deadline for the whole call, including an awaitable a sync callable returns
         # (e.g. an object with an async __call__). Only our own deadline is an EnvTimeout: a
         # TimeoutError the environment raises itself is its error and propagates as such.
-        if not _is_async(getattr(fn, "__func__", fn)) and self.env.nonblocking:
-            result = fn(*args)  # microseconds of pure Python: a thread hop would cost more
+        is_async = _is_async(getattr(fn, "__func__", fn))
+        if not is_async and self.inline and model_chars(args) <= INLINE_MAX_CHARS:
+            result = self._inline(fn, args, what)
             if not inspect.isawaitable(result):
                 return result
-            fn, args = _awaiting, (result,)
+            fn, args, is_async = _awaiting, (result,), True
         if self.env_timeout is None:  # no deadline: skip the timeout context's cost
             result = await (
                 fn(*args)
-                if _is_async(getattr(fn, "__func__", fn))
+                if is_async
                 else asyncio.get_running_loop().run_in_executor(pool, fn, *args)
             )
             return await result if inspect.isawaitable(result) else result
         try:
             async with asyncio.timeout(self.env_timeout) as deadline:
-                if _is_async(getattr(fn, "__func__", fn)):
+                if is_async:
                     result = await fn(*args)
                 else:
                     result = await asyncio.get_running_loop().run_in_executor(pool, fn, *args)
@@ -112,6 +134,23 @@ class RolloutContext:
                 f"{self.env.name}.{what} took longer than env_timeout={self.env_timeout}s"
             ) from None
         return result
+
+    def _inline(self, fn: Callable[..., Any], args: tuple[Any, ...], what: str) -> Any:
+        """``fn(*args)`` on the loop (a thread hop would cost more), timed against the budget."""
+        start = _clock()
+        try:
+            return fn(*args)
+        finally:
+            elapsed = _clock() - start
+            if elapsed > INLINE_BUDGET_S and self.inline:
+                self.inline = False
+                warnings.warn(
+                    f"{self.env.name}.{what} took {elapsed * 1000:.0f} ms on the event loop "
+                    f"although {type(self.env).__name__}.nonblocking is True; its calls run on "
+                    "the env thread pool (under env_timeout) for the rest of this rollout",
+                    RuntimeWarning,
+                    stacklevel=2,
+                )
 
 
 def open_context(
@@ -151,17 +190,36 @@ def open_context(
         max_len=limit,
         env_timeout=env_timeout,
         isolate_errors=isolate_errors,
-        env_pool=ThreadPoolExecutor(env_workers, thread_name_prefix="loomrl-env"),
-        score_pool=ThreadPoolExecutor(
-            env_workers if env.thread_safe else 1, thread_name_prefix="loomrl-score"
-        ),
+        env_pool=DaemonPool(env_workers, name="loomrl-env"),
+        score_pool=DaemonPool(env_workers if env.thread_safe else 1, name="loomrl-score"),
         run_id=uuid.uuid4().hex[:8],
+        inline=env.nonblocking,
     )
 
 
 def close_context(ctx: RolloutContext) -> None:
+    """Release the pools without waiting: abandoned calls finish (or die) on their own."""
     ctx.env_pool.shutdown(wait=False, cancel_futures=True)
     ctx.score_pool.shutdown(wait=False, cancel_futures=True)
+
+
+def model_chars(args: tuple[Any, ...]) -> int:
+    """Characters of model text an env call is handed: its assistant messages' contents.
+
+    The assistant turns of each ``EnvState`` among ``args`` (a ``step``'s or ``score``'s
+    state) or in a sequence there (``score_many``); without a state, a message's content
+    (the loop always passes both to ``step``). A ``reset`` example counts 0.
+    """
+    states = [a for a in args if isinstance(a, EnvState)]
+    states += [s for a in args if isinstance(a, list | tuple) for s in a if isinstance(s, EnvState)]
+    if not states:
+        return sum(_chars(a) for a in args if isinstance(a, dict) and "role" in a)
+    return sum(_chars(m) for s in states for m in s.messages if m.get("role") == "assistant")
+
+
+def _chars(message: dict[str, Any]) -> int:
+    content = message.get("content")
+    return len(content) if isinstance(content, str) else 0
 
 
 @functools.lru_cache(maxsize=1024)

@@ -61,7 +61,11 @@ async def rollout(
     ``max_turns`` defaults to the environment's, ``max_len`` (prompt + completion tokens)
     to the engine's context. ``on_error="raise"`` aborts every in-flight request and
     re-raises the first error; ``"isolate"`` marks that trajectory ``error`` and goes on.
-    ``chat`` defaults to a ``ChatTokenizer`` over ``engine.tokenizer``.
+    ``env_timeout`` bounds each env call in seconds; ``None`` (the default) is no limit,
+    so a call that never returns holds the rollout (the CLI uses 30). A call past it is
+    abandoned (status ``env_timeout``): its daemon thread never keeps the process from
+    exiting (``loomrl.rollout.context``). ``chat`` defaults to a ``ChatTokenizer`` over
+    ``engine.tokenizer``.
     """
     if n < 1 or concurrency < 1 or env_workers < 1:
         raise ValueError(

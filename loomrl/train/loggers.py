@@ -12,15 +12,21 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from loomrl.redact import redact_value
+
 MetricsSink = Callable[[Mapping[str, Any]], None]
 BACKENDS = ("tensorboard", "wandb")
 
 
 def open_sinks(names: Sequence[str], out: Path, config: Mapping[str, Any]) -> list[MetricsSink]:
-    """One sink per backend in ``names``; each takes a metrics row with its ``step``."""
+    """One sink per backend in ``names``; each takes a metrics row with its ``step``.
+
+    The backends record ``config`` with URL secrets redacted (``loomrl.redact``).
+    """
     unknown = sorted(set(names) - set(BACKENDS))
     if unknown:
         raise ValueError(f"unknown log_to backend(s) {unknown}; known: {list(BACKENDS)}")
+    config = redact_value(config)
     return [_OPENERS[name](out, config) for name in names]
 
 

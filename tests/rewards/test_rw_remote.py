@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import json
 import threading
+import warnings
 
 import pytest
 
@@ -209,10 +210,54 @@ async def test_a_missing_token_variable_fails_at_construction(monkeypatch):
         RemoteReward("http://127.0.0.1:9/score", token_env=ENV)
 
 
-def test_urls_are_shown_without_credentials_or_query():
-    source = RemoteReward("http://user:pw@127.0.0.1:8080/v1/score?key=abc")
+def test_urls_are_shown_without_query():
+    source = RemoteReward("http://127.0.0.1:8080/v1/score?key=abc&mode=fast")
+    assert source.url == "http://127.0.0.1:8080/v1/score?key=abc&mode=fast"  # sent as given
     assert source.display_url == "http://127.0.0.1:8080/v1/score"
-    assert "pw" not in repr(source) and "abc" not in repr(source)
+    assert "abc" not in repr(source)
+
+
+def test_credentials_in_the_url_are_refused_without_showing_them():
+    with pytest.raises(ValueError) as caught:
+        RemoteReward("http://user:pw-123@127.0.0.1:8080/v1/score?token=abc")
+    assert str(caught.value) == (
+        "RemoteReward URL 'http://***@127.0.0.1:8080/v1/score?token=***' has credentials in "
+        "it (user:pass@), which are never sent; put the token in an environment variable and "
+        "pass token_env='VARIABLE' (it goes in an Authorization: Bearer header)"
+    )
+    with pytest.raises(ValueError, match=r"got 'ftp://\*\*\*@x/y\?api_key=\*\*\*'"):
+        RemoteReward("ftp://me:pw-123@x/y?api_key=abc")
+    with pytest.raises(ValueError, match=r"with a host, got 'http://\*\*\*@\[::1'"):
+        RemoteReward("http://me:pw-123@[::1")
+
+
+def test_a_token_over_plain_http_to_another_host_warns_once_per_host(monkeypatch):
+    monkeypatch.setenv(ENV, TOKEN)
+    monkeypatch.setattr(remote_module, "_warned_plain_http", set())
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        for _ in range(3):
+            RemoteReward("http://rewards.example:8000/score", token_env=ENV)
+        RemoteReward("http://10.0.0.7/score", token_env=ENV)
+        RemoteReward("https://rewards.example/score", token_env=ENV)  # encrypted
+        RemoteReward("http://other.example/score")  # no token sent
+        for loopback in ("127.0.0.1", "127.0.0.2", "localhost", "[::1]", "api.localhost"):
+            RemoteReward(f"http://{loopback}:9/score", token_env=ENV)
+    assert [str(w.message) for w in caught] == [
+        f"RemoteReward sends the bearer token from ${ENV} to {host} over plain http: anyone "
+        "on the network path can read it; use an https:// URL"
+        for host in ("rewards.example", "10.0.0.7")
+    ]
+    assert all(w.category is RuntimeWarning and w.filename == __file__ for w in caught)
+
+
+async def test_secrets_a_server_echoes_in_urls_are_redacted(reward_server):
+    reward_server.then(500, '{"error": "upstream https://bot:hunter2@up.example/x?sig=abc failed"}')
+    with pytest.raises(RemoteRewardError) as caught:
+        await remote(reward_server.url)(samples(1))
+    message = str(caught.value)
+    assert "upstream https://***@up.example/x?sig=*** failed" in message
+    assert "hunter2" not in message and "abc" not in message
 
 
 def test_construction_errors_are_precise():
