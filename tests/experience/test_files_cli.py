@@ -122,7 +122,7 @@ def test_out_writes_elsewhere(run_dir, tmp_path):
 def test_missing_run_dir_exits_2_with_a_message(tmp_path, capsys):
     missing = tmp_path / "no-such-run"
     assert main(["experience", str(missing), "--estimator", "rloo"]) == 2
-    out = flat(capsys.readouterr().out)
+    out = flat(capsys.readouterr().err)
     assert "error:" in out and "not found" in out and "loomrl run directory" in out
     assert "Traceback" not in out
     assert not missing.exists()
@@ -139,7 +139,7 @@ def test_missing_run_dir_exits_2_with_a_message(tmp_path, capsys):
 )
 def test_bad_requests_exit_2_and_write_nothing(run_dir, capsys, extra, message):
     assert main(["experience", str(run_dir), *extra]) == 2
-    assert message in flat(capsys.readouterr().out)
+    assert message in flat(capsys.readouterr().err)
     assert not (run_dir / "experience.parquet").exists()
 
 
@@ -150,7 +150,7 @@ def test_non_finite_advantages_are_refused(run_dir, monkeypatch, capsys):
 
     monkeypatch.setitem(estimators._ESTIMATORS, "always_nan", always_nan)
     assert main(["experience", str(run_dir), "--estimator", "always_nan"]) == 2
-    assert "non-finite advantages in rows [0, 1, 2" in flat(capsys.readouterr().out)
+    assert "non-finite advantages in rows [0, 1, 2" in flat(capsys.readouterr().err)
     assert not (run_dir / "experience.parquet").exists()
 
 
