@@ -110,9 +110,11 @@ def describe(
     for err in exc.errors(include_url=False):
         loc = [str(x) for x in err["loc"]]
         field = ".".join(loc) or "config"
-        where = flags.get(loc[0]) if loc else None
-        where = where or (str(source) if source is not None else "config")
-        if err["type"] == "extra_forbidden":
+        by_flag = flags.get(loc[0]) if len(loc) == 1 else None
+        where = str(source) if source is not None else "config"
+        if by_flag:
+            parts.append(f"{by_flag}: {err['msg']}")
+        elif err["type"] == "extra_forbidden":
             near = difflib.get_close_matches(loc[-1], list(model.model_fields) if model else [])
             hint = f" (did you mean {near[0]!r}?)" if near and len(loc) == 1 else ""
             parts.append(f"{where}: unknown field {field!r}{hint}")

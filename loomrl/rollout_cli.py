@@ -33,7 +33,12 @@ from loomrl.producer.metrics import producer_metrics
 from loomrl.rollout import Rollouts, rollout
 from loomrl.rollout.metrics import compute_metrics
 from loomrl.rundir import (
-    BUFFER, RunDirError, check_new_run, check_run, clear_run, open_buffer,
+    BUFFER,
+    RunDirError,
+    check_new_run,
+    check_run,
+    clear_run,
+    open_buffer,
 )  # fmt: skip
 from loomrl.runs import toml_ready, write_trajectories
 from loomrl.types import SamplingParams, Trajectory
@@ -61,8 +66,7 @@ def resume_config(run_dir: Path) -> RolloutConfig:
     path = run_dir / "config.toml"
     if {"train", "prompts_per_step"} & set(read_toml(path)):
         raise RunDirError(
-            f"{run_dir} is a `loomrl train` run; continue it with `loomrl train --resume "
-            f"{run_dir}`"
+            f"{run_dir} is a `loomrl train` run; continue it with `loomrl train --resume {run_dir}`"
         )
     config = load_run_config(RolloutConfig, path, "rollout")
     if config.mode != "continuous":

@@ -75,6 +75,19 @@ def check_run(path: Path, command: str, needs: tuple[str, ...]) -> None:
         )
 
 
+def check_buffer(path: Path) -> None:
+    """A cheap look at a replay-buffer log before a run resumes from it: it must be an
+    SQLite database (its rows are checked when the buffer opens)."""
+    try:
+        db = sqlite3.connect(path)
+        try:
+            db.execute("SELECT name FROM sqlite_master").fetchall()
+        finally:
+            db.close()
+    except sqlite3.DatabaseError as exc:
+        raise RunDirError(f"{path} is not a readable replay-buffer log ({exc})") from exc
+
+
 def open_buffer(path: Path) -> ReplayBuffer:
     """The replay buffer logged at ``path``; an unreadable log raises ``RunDirError``
     naming the file instead of a database error from deep inside."""

@@ -17,6 +17,7 @@ from loomrl.cli.output import UsageError
 from loomrl.config import describe
 from loomrl.envs import load as load_env
 from loomrl.models import check_spec
+from loomrl.runs import toml_ready
 
 Config = TypeVar("Config", bound=BaseModel)
 
@@ -106,13 +107,18 @@ def check_agrees(
         except ValidationError as exc:
             flags = {k: f"{flag(k)} {v}" for k, v in given(overrides).items()}
             raise UsageError(describe(exc, None, flags, cls)) from None
-    mine, theirs = asked.model_dump(mode="json"), recorded.model_dump(mode="json")
+    # Compared as config.toml records them (secrets redacted alike on both sides).
+    mine = toml_ready(asked.model_dump(mode="json"))
+    theirs = toml_ready(recorded.model_dump(mode="json"))
     wrong = []
     for name in cls.model_fields:
-        if name in skip or mine[name] == theirs[name]:
+        if name in skip or mine.get(name) == theirs.get(name):
             continue
         where = flag(name) if name in given(overrides) else str(file)
-        wrong.append(f"{where} sets {name} = {_shown(mine[name])}, the run has {_shown(theirs[name])}")
+        wrong.append(
+            f"{where} sets {name} = {_shown(mine.get(name))}, "
+            f"the run has {_shown(theirs.get(name))}"
+        )
     if wrong:
         raise UsageError(
             f"--resume continues {run_dir} as configured in {run_dir / 'config.toml'}: "

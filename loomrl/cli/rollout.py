@@ -9,11 +9,16 @@ from pathlib import Path
 from typing import Any
 
 from loomrl.cli.checks import (
-    check_agrees, check_engine_args, check_envs, check_model, load_config,
+    check_agrees,
+    check_engine_args,
+    check_envs,
+    check_model,
+    load_config,
 )  # fmt: skip
 from loomrl.cli.output import UsageError, console
 from loomrl.config import RolloutConfig
 from loomrl.models import DEFAULT_MODEL
+from loomrl.rundir import BUFFER, check_buffer
 
 FLAGS = (
     "env", "model", "examples", "n", "max_turns", "max_len", "max_tokens", "temperature",
@@ -65,6 +70,7 @@ def requested(args: argparse.Namespace) -> RolloutConfig:
         raise UsageError("--overwrite starts a run over; --resume continues one: pick one")
     recorded = resume_config(args.resume)
     check_agrees(recorded, args.resume, args.config, overrides)
+    check_buffer(args.resume / BUFFER)
     return recorded
 
 

@@ -15,7 +15,11 @@ from pathlib import Path
 from typing import Any
 
 from loomrl.cli.checks import (
-    check_agrees, check_engine_args, check_envs, check_model, load_config,
+    check_agrees,
+    check_engine_args,
+    check_envs,
+    check_model,
+    load_config,
 )  # fmt: skip
 from loomrl.cli.output import UsageError, console, print_note
 from loomrl.models import DEFAULT_MODEL
@@ -77,7 +81,9 @@ def requested(args: argparse.Namespace) -> tuple[TrainConfig, int | None]:
 
 
 def check_resumable(run_dir: Path, config: TrainConfig) -> None:
-    """The run has a checkpoint to continue from (its ``state.json`` files readable)."""
+    """The run has a checkpoint to continue from (its ``state.json`` files readable) and
+    a replay-buffer log that opens."""
+    from loomrl.rundir import BUFFER, check_buffer
     from loomrl.train.checkpoint import list_checkpoints
 
     if not list_checkpoints(run_dir):
@@ -86,6 +92,8 @@ def check_resumable(run_dir: Path, config: TrainConfig) -> None:
             f"{config.checkpoint_every}); start it again with `loomrl train --out {run_dir} "
             "--overwrite`"
         )
+    if (run_dir / BUFFER).exists():
+        check_buffer(run_dir / BUFFER)
 
 
 def cmd_train(args: argparse.Namespace) -> int:

@@ -124,7 +124,7 @@ def _hints(factory: EnvFactory) -> dict[str, Any]:
     target = factory.__init__ if inspect.isclass(factory) else factory  # type: ignore[misc]
     try:
         return typing.get_type_hints(target)
-    except Exception:  # noqa: BLE001 - unresolvable hints only mean nothing is checked
+    except Exception:  # unresolvable hints only mean that nothing is checked
         return {}
 
 

@@ -8,7 +8,6 @@ from pathlib import Path
 from typing import Any, Literal
 
 import tomli_w
-
 from pydantic import BaseModel, ConfigDict, Field
 
 from loomrl.config import read_toml, table_of
@@ -123,7 +122,7 @@ def extend_steps(path: Path, steps: int) -> int:
     as a comment line at the top of the file. Returns the old value."""
     text = path.read_text(encoding="utf-8")
     data = tomllib.loads(text)
-    table = data["train"] if "train" in data else data
+    table = data.get("train", data)
     old = int(table["steps"])
     table["steps"] = steps
     comments = [line for line in text.splitlines() if line.startswith("#")]

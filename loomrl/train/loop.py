@@ -99,6 +99,9 @@ async def train(
     buffer = _open_buffer(out, start)
     try:
         rows = _prepare_run_dir(out, config, start)
+        if start >= config.steps:  # a finished run: nothing to produce, no engine to start
+            buffer.close()
+            return rows
         sinks = open_sinks(config.log_to, out, config.model_dump(mode="json"))
         engine = (make_engine or engine_factory(config))(model_dir, start)
     except BaseException:
@@ -253,9 +256,7 @@ def _prepare_run_dir(out: Path, config: TrainConfig, start: int) -> list[dict[st
 
     out.mkdir(parents=True, exist_ok=True)
     if start == 0:
-        (out / "config.toml").write_text(
-            tomli_w.dumps(toml_ready(config.model_dump(mode="json")))
-        )
+        (out / "config.toml").write_text(tomli_w.dumps(toml_ready(config.model_dump(mode="json"))))
     segments = out / "trajectories"
     segments.mkdir(exist_ok=True)
     rows = []
