@@ -15,9 +15,7 @@ from pydantic import BaseModel, ValidationError
 
 from loomrl.cli.output import UsageError
 from loomrl.config import describe
-from loomrl.envs import load as load_env
 from loomrl.models import check_spec
-from loomrl.runs import toml_ready
 
 Config = TypeVar("Config", bound=BaseModel)
 
@@ -53,6 +51,8 @@ def check_model(spec: str) -> None:
 def check_envs(envs: Iterable[tuple[str, Mapping[str, Any]]]) -> None:
     """Build each environment once with its arguments: an unknown name, an argument it
     does not take or of the wrong type, or a value it refuses stops here."""
+    from loomrl.envs import load as load_env
+
     for name, env_args in envs:
         load_env(name, **env_args)
 
@@ -98,6 +98,8 @@ def check_agrees(
     """What ``--resume RUN_DIR`` with ``file`` and ``overrides`` asks for, refused (naming
     each field) where it disagrees with the config the run recorded; fields in ``skip``
     are not compared. Returns the asked config."""
+    from loomrl.runs import toml_ready
+
     cls = type(recorded)
     if file is not None:
         asked = load_config(cls, file, overrides)

@@ -18,7 +18,6 @@ from loomrl.cli.checks import (
 from loomrl.cli.output import UsageError, console
 from loomrl.config import RolloutConfig
 from loomrl.models import DEFAULT_MODEL
-from loomrl.rundir import BUFFER, check_buffer
 
 FLAGS = (
     "env", "model", "examples", "n", "max_turns", "max_len", "max_tokens", "temperature",
@@ -57,6 +56,7 @@ def requested(args: argparse.Namespace) -> RolloutConfig:
     """The run's config from ``--config``, the flags, or (``--resume``) the run's own
     ``config.toml``, which flags may repeat but not contradict."""
     from loomrl.rollout_cli import resume_config
+    from loomrl.rundir import BUFFER, check_buffer
 
     overrides = {name: getattr(args, name) for name in FLAGS}
     if args.resume is None:

@@ -11,8 +11,9 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import importlib.util
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from loomrl.cli.checks import (
     check_agrees,
@@ -23,7 +24,9 @@ from loomrl.cli.checks import (
 )  # fmt: skip
 from loomrl.cli.output import UsageError, console, print_note
 from loomrl.models import DEFAULT_MODEL
-from loomrl.train.config import TrainConfig
+
+if TYPE_CHECKING:  # loomrl.train imports torch: only the train command pays for it
+    from loomrl.train.config import TrainConfig
 
 
 def add_parser(sub: Any) -> None:
@@ -47,6 +50,7 @@ def add_parser(sub: Any) -> None:
 def requested(args: argparse.Namespace) -> tuple[TrainConfig, int | None]:
     """The run's config, and the step count it had if ``--steps`` extends a resumed run."""
     from loomrl.train.command import resume_config
+    from loomrl.train.config import TrainConfig
 
     overrides = {"steps": args.steps, "seed": args.seed, "out": args.out, "model": args.model}
     if args.resume is None:
@@ -80,6 +84,16 @@ def requested(args: argparse.Namespace) -> tuple[TrainConfig, int | None]:
     return recorded.model_copy(update={"steps": steps}), extended
 
 
+def check_log_to(config: TrainConfig, source: str) -> None:
+    """Each metric sink in ``log_to`` is installed (found without importing it)."""
+    for name in config.log_to:
+        if importlib.util.find_spec(name) is None:
+            raise UsageError(
+                f"{source}: log_to names {name!r} but it is not installed: "
+                f"pip install 'loomrl[{name}]'"
+            )
+
+
 def check_resumable(run_dir: Path, config: TrainConfig) -> None:
     """The run has a checkpoint to continue from (its ``state.json`` files readable) and
     a replay-buffer log that opens."""
@@ -107,6 +121,7 @@ def cmd_train(args: argparse.Namespace) -> int:
     check_envs((name, spec.env_args) for name, spec in config.task_specs().items())
     check_estimator(config.estimator, config.estimator_options)
     check_engine_args(config.engine_args, source)
+    check_log_to(config, source)
     if args.resume is not None:
         check_resumable(args.resume, config)
     elif config.out is None:

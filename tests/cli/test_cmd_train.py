@@ -6,6 +6,7 @@ engine starts (the autouse ``no_vllm`` fixture fails a test that starts one)."""
 from __future__ import annotations
 
 import asyncio
+import importlib.util
 import json
 import shutil
 import tomllib
@@ -273,9 +274,15 @@ def test_a_corrupt_buffer_log_is_named(cli, run):
         ("[train]\nestimator = 'gae'\n", "estimator 'gae' needs ['values']"),
         ("[train]\nmodel = 'no-such-model'\n", "unknown model 'no-such-model'"),
         ("[train]\nengine_args = {seed = 3}\n", "{file}: engine_args may not set seed (set by"),
+        ("[train]\nlog_to = ['wandb']\n", "{file}: log_to names 'wandb' but it is not installed"),
+        ("[train]\nlog_to = ['csv']\n", '{file}: log_to.0 = "csv": Input should be'),
     ],
 )
-def test_bad_configs_are_one_line_before_any_engine(cli, tmp_path, text, message):
+def test_bad_configs_are_one_line_before_any_engine(cli, tmp_path, monkeypatch, text, message):
+    real_find_spec = importlib.util.find_spec
+    monkeypatch.setattr(  # wandb counts as not installed, whether it is or not
+        importlib.util, "find_spec", lambda n, *a: None if n == "wandb" else real_find_spec(n, *a)
+    )
     path = tmp_path / "bad.toml"
     path.write_text(text)
     result = cli("train", path, "--out", tmp_path / "out")
@@ -293,3 +300,12 @@ def test_missing_config_file_and_bad_flags(cli, tmp_path):
     assert cli("train", "--model", "tiny-random:x").error == (
         "model spec 'tiny-random:x': the seed after 'tiny-random:' must be an integer"
     )
+
+
+def test_steps_in_file_does_not_extend_a_resumed_run_and_says_so(cli, run, file):
+    before = (run / "config.toml").read_bytes()
+    file.write_text(TINY.replace("steps = 2", "steps = 5"))
+    result = cli("train", file, "--resume", run)
+    assert result.code == 0, result.err
+    assert f"note: {file} has steps = 5; the run trains to its own 2 (--steps N" in result.err
+    assert (run / "config.toml").read_bytes() == before
