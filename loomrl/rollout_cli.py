@@ -32,14 +32,7 @@ from loomrl.producer import GroupStatus, Producer, ProducerConfig, ReplayBuffer,
 from loomrl.producer.metrics import producer_metrics
 from loomrl.rollout import Rollouts, rollout
 from loomrl.rollout.metrics import compute_metrics
-from loomrl.rundir import (
-    BUFFER,
-    RunDirError,
-    check_new_run,
-    check_run,
-    clear_run,
-    open_buffer,
-)  # fmt: skip
+from loomrl.rundir import BUFFER, RunDirError, check_new_run, check_run, clear_run, open_buffer
 from loomrl.runs import toml_ready, write_trajectories
 from loomrl.types import SamplingParams, Trajectory
 

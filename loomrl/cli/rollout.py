@@ -8,13 +8,7 @@ import asyncio
 from pathlib import Path
 from typing import Any
 
-from loomrl.cli.checks import (
-    check_agrees,
-    check_engine_args,
-    check_envs,
-    check_model,
-    load_config,
-)  # fmt: skip
+from loomrl.cli.checks import check_agrees, check_engine_args, check_envs, check_model, load_config
 from loomrl.cli.output import UsageError, console
 from loomrl.config import RolloutConfig
 from loomrl.models import DEFAULT_MODEL

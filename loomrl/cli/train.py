@@ -15,13 +15,7 @@ import importlib.util
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from loomrl.cli.checks import (
-    check_agrees,
-    check_engine_args,
-    check_envs,
-    check_model,
-    load_config,
-)  # fmt: skip
+from loomrl.cli.checks import check_agrees, check_engine_args, check_envs, check_model, load_config
 from loomrl.cli.output import UsageError, console, print_note
 from loomrl.models import DEFAULT_MODEL
 
