@@ -70,8 +70,11 @@ def requested(args: argparse.Namespace) -> RolloutConfig:
 
 def cmd_rollout(args: argparse.Namespace) -> int:
     from loomrl.rollout_cli import default_out, run_rollout, sample_panel, summary_table
+    from loomrl.rundir import check_new_run
 
     config = requested(args)
+    if args.resume is None and config.out is not None:
+        check_new_run(config.out, "rollout", overwrite=args.overwrite)
     source = str(args.config or (args.resume / "config.toml" if args.resume else "flags"))
     check_model(config.model)
     check_envs([(config.env, config.env_args)])

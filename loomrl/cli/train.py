@@ -106,10 +106,13 @@ def check_resumable(run_dir: Path, config: TrainConfig) -> None:
 
 def cmd_train(args: argparse.Namespace) -> int:
     from loomrl.experience.files import check_estimator
+    from loomrl.rundir import check_new_run
     from loomrl.train.command import default_out, run_train
     from loomrl.train.config import extend_steps
 
     config, extended_from = requested(args)
+    if args.resume is None and config.out is not None:
+        check_new_run(config.out, "train", overwrite=args.overwrite)
     source = str(args.config or (args.resume / "config.toml" if args.resume else "flags"))
     check_model(config.model)
     check_envs((name, spec.env_args) for name, spec in config.task_specs().items())

@@ -73,6 +73,8 @@ async def train(
     written or the engine starts."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
+    if not resume:
+        check_new_run(out, "train", overwrite=overwrite)
     check_estimator(config.estimator, config.estimator_options)
     start, model_dir, learner_state = 0, resolve(config.model), None
     if resume:
@@ -80,7 +82,6 @@ async def train(
         start, model_dir, run_id = checkpoint.step, checkpoint.model_dir, checkpoint.run_id
         learner_state = load_learner_state(checkpoint)
     else:
-        check_new_run(out, "train", overwrite=overwrite)
         run_id = uuid.uuid4().hex
         torch.manual_seed(config.seed)
     tasks = _tasks(config)
