@@ -1,16 +1,23 @@
 """Pydantic configs: one class per component, a docstring per field.
 
 The same object is a TOML file (``--config FILE``) and CLI flags (a flag overrides the
-file), and it is written back into every run directory as ``config.toml``.
+file), and it is written back into every run directory as ``config.toml``. TOML has no
+null, so a field that was ``None`` is absent there: ``load_run_config`` reads it back as
+``None``, not as the field's default.
 """
 
 from __future__ import annotations
 
+import difflib
+import json
 import tomllib
+import types
+import typing
+from collections.abc import Mapping
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Literal, TypeVar
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from loomrl.models import DEFAULT_MODEL
 
@@ -49,10 +56,100 @@ class RolloutConfig(BaseModel):
     @classmethod
     def load(cls, path: Path | None, overrides: dict[str, Any]) -> RolloutConfig:
         """The TOML file's values (if any), then every override that is not None."""
-        data: dict[str, Any] = {}
-        if path is not None:
-            with open(path, "rb") as f:
-                data = tomllib.load(f)
-            data = data.get("rollout", data)
+        data = table_of(read_toml(path), "rollout", path) if path is not None else {}
         data.update({k: v for k, v in overrides.items() if v is not None})
         return cls.model_validate(data)
+
+
+Config = TypeVar("Config", bound=BaseModel)
+
+
+def read_toml(path: Path) -> dict[str, Any]:
+    """A TOML file's top-level table; a missing, unreadable or malformed file raises an
+    error that names it (and, for a syntax error, the line and column)."""
+    if path.is_dir():
+        raise ValueError(f"{path} is a directory, not a TOML file")
+    if not path.exists():
+        raise FileNotFoundError(f"{path}: no such config file")
+    try:
+        return tomllib.loads(path.read_text(encoding="utf-8"))
+    except UnicodeDecodeError:
+        raise ValueError(f"{path}: not a TOML file (not UTF-8 text)") from None
+    except tomllib.TOMLDecodeError as exc:
+        raise ValueError(f"{path}: invalid TOML: {exc}") from None
+
+
+def table_of(data: dict[str, Any], name: str, path: Path) -> dict[str, Any]:
+    """The ``[name]`` table of a config file, or its top level when there is none; keys
+    beside the table are refused rather than silently dropped."""
+    if name not in data:
+        return data
+    stray = sorted(set(data) - {name})
+    if stray:
+        raise ValueError(f"{path}: {stray} sit outside the [{name}] table; move them in")
+    if not isinstance(data[name], dict):
+        raise ValueError(f"{path}: {name} must be a [{name}] table")
+    return dict(data[name])
+
+
+class ConfigError(ValueError):
+    """A config that does not validate, as one line naming the file (or flag) and field."""
+
+
+def describe(
+    exc: ValidationError,
+    source: Path | str | None,
+    flags: Mapping[str, str] | None = None,
+    model: type[BaseModel] | None = None,
+) -> str:
+    """Pydantic's errors as one line: each names where the value came from (``source``,
+    a file, or the flag in ``flags`` that set the field), the field, the value and why it
+    was refused; an unknown field gets the nearest known name of ``model`` if any."""
+    flags = flags or {}
+    parts = []
+    for err in exc.errors(include_url=False):
+        loc = [str(x) for x in err["loc"]]
+        field = ".".join(loc) or "config"
+        by_flag = flags.get(loc[0]) if len(loc) == 1 else None
+        where = str(source) if source is not None else "config"
+        if by_flag:
+            parts.append(f"{by_flag}: {err['msg']}")
+        elif err["type"] == "extra_forbidden":
+            near = difflib.get_close_matches(loc[-1], list(model.model_fields) if model else [])
+            hint = f" (did you mean {near[0]!r}?)" if near and len(loc) == 1 else ""
+            parts.append(f"{where}: unknown field {field!r}{hint}")
+        elif err["type"] == "missing":
+            parts.append(f"{where}: {field} is required")
+        else:
+            parts.append(f"{where}: {field} = {_shown(err.get('input'))}: {err['msg']}")
+    return "; ".join(parts)
+
+
+def _shown(value: Any) -> str:
+    try:
+        text = json.dumps(value, default=str)
+    except (TypeError, ValueError):
+        text = repr(value)
+    return text if len(text) <= 80 else text[:77] + "..."
+
+
+def load_run_config(cls: type[Config], path: Path, table: str) -> Config:
+    """The config a run directory recorded in ``path`` (its ``config.toml``): a field the
+    file lacks that may be ``None`` was ``None`` when written (TOML has no null). A file
+    that does not validate raises ``ConfigError`` naming it and the field."""
+    data = table_of(read_toml(path), table, path)
+    for name, field in cls.model_fields.items():
+        if name not in data and _allows_none(field.annotation):
+            data[name] = None
+    try:
+        return cls.model_validate(data)
+    except ValidationError as exc:
+        raise ConfigError(describe(exc, path, model=cls)) from None
+
+
+def _allows_none(annotation: Any) -> bool:
+    if annotation is None or annotation is type(None):
+        return True
+    if typing.get_origin(annotation) in (typing.Union, types.UnionType):
+        return any(_allows_none(arg) for arg in typing.get_args(annotation))
+    return False

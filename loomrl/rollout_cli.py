@@ -1,7 +1,14 @@
-"""``loomrl rollout``: a run directory from a model playing an environment, with progress."""
+"""``loomrl rollout``: a run directory from a model playing an environment, with progress.
+
+A new run refuses a directory that already holds a run unless asked to replace it
+(``overwrite``); a resumed run keeps its ``config.toml`` as it is. Everything that can
+refuse the request (model spec, environment and its arguments, the buffer log of a
+resumed run) is checked before anything is written or the engine starts.
+"""
 
 from __future__ import annotations
 
+import json
 import math
 import time
 from collections.abc import Callable
@@ -10,24 +17,26 @@ from typing import Any
 
 import tomli_w
 from rich.console import Console
+from rich.markup import escape
 from rich.panel import Panel
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 from rich.text import Text
 
-from loomrl.config import RolloutConfig
+from loomrl.config import RolloutConfig, load_run_config, read_toml
 from loomrl.engines.base import Engine
 from loomrl.envs import load as load_env
 from loomrl.envs.base import Environment
+from loomrl.models import check_spec
 from loomrl.producer import GroupStatus, Producer, ProducerConfig, ReplayBuffer, Task
 from loomrl.producer.metrics import producer_metrics
 from loomrl.rollout import Rollouts, rollout
 from loomrl.rollout.metrics import compute_metrics
-from loomrl.runs import toml_ready, write_run
+from loomrl.rundir import BUFFER, RunDirError, check_new_run, check_run, clear_run, open_buffer
+from loomrl.runs import toml_ready, write_trajectories
 from loomrl.types import SamplingParams, Trajectory
 
 EngineMaker = Callable[[RolloutConfig], Engine]
-BUFFER = "buffer.sqlite"
 ENDED = (GroupStatus.COMPLETED, GroupStatus.FILTERED, GroupStatus.FAILED, GroupStatus.CONSUMED)
 
 
@@ -39,14 +48,20 @@ def vllm_engine(config: RolloutConfig) -> Engine:
     )
 
 
+def default_out() -> Path:
+    """Where a run goes when no ``out`` is given: ``runs/rollout-TIME``."""
+    return Path("runs") / time.strftime("rollout-%Y%m%d-%H%M%S")
+
+
 def resume_config(run_dir: Path) -> RolloutConfig:
     """The configuration a run directory was started with (``config.toml``)."""
+    check_run(run_dir, "rollout", ("config.toml", BUFFER))
     path = run_dir / "config.toml"
-    if not path.is_file() or not (run_dir / BUFFER).is_file():
-        raise FileNotFoundError(
-            f"{run_dir} is not a resumable rollout run: it needs config.toml and {BUFFER}"
+    if {"train", "prompts_per_step"} & set(read_toml(path)):
+        raise RunDirError(
+            f"{run_dir} is a `loomrl train` run; continue it with `loomrl train --resume {run_dir}`"
         )
-    config = RolloutConfig.load(path, {})
+    config = load_run_config(RolloutConfig, path, "rollout")
     if config.mode != "continuous":
         raise ValueError(f"{run_dir}: only continuous-mode runs resume, not {config.mode!r}")
     return config.model_copy(update={"out": run_dir})
@@ -57,13 +72,18 @@ async def run_rollout(
     console: Console,
     *,
     resume: bool = False,
-    make_engine: EngineMaker = vllm_engine,
+    overwrite: bool = False,
+    make_engine: EngineMaker | None = None,
 ) -> tuple[Path, Rollouts]:
     """Roll out ``config`` into its run directory. Continuous mode produces through a
     replay buffer logged in ``buffer.sqlite``: a run killed at any point continues with
-    ``resume=True``, keeping every finished group and every checkpointed turn."""
-    out = config.out or Path("runs") / time.strftime("rollout-%Y%m%d-%H%M%S")
+    ``resume=True``, keeping every finished group and every checkpointed turn. A new run
+    in a directory holding a run raises ``RunDirError`` unless ``overwrite``."""
+    out = config.out or default_out()
     config = config.model_copy(update={"out": out})
+    if not resume:
+        check_new_run(out, "rollout", overwrite=overwrite)
+    check_spec(config.model)
     env = load_env(config.env, **config.env_args)
     examples = env.dataset(config.examples, seed=config.seed)
     sampling = SamplingParams(
@@ -72,13 +92,36 @@ async def run_rollout(
         top_p=config.top_p,
         seed=config.seed,
     )
-    out.mkdir(parents=True, exist_ok=True)
     if not resume:
-        for stale in out.glob(BUFFER + "*"):  # a fresh run never inherits old groups
-            stale.unlink()
+        if overwrite:
+            clear_run(out)
+        out.mkdir(parents=True, exist_ok=True)
         (out / "config.toml").write_text(tomli_w.dumps(toml_ready(config.model_dump(mode="json"))))
-    with console.status(f"starting the engine for {config.model}"):
-        engine = make_engine(config)
+    buffer = open_buffer(out / BUFFER) if config.mode == "continuous" else None
+    try:
+        with console.status(f"starting the engine for {escape(config.model)}"):
+            engine = (make_engine or vllm_engine)(config)
+        results, extra = await _run(config, engine, env, examples, sampling, buffer, console)
+    finally:
+        if buffer is not None:
+            buffer.close()
+    metrics = {**results.metrics.as_dict(), **extra}
+    write_trajectories(out / "trajectories.parquet", results)
+    (out / "metrics.json").write_text(json.dumps(metrics, indent=2) + "\n")
+    (out / "report.md").write_text("\n".join(report(config, metrics)) + "\n")
+    return out, results
+
+
+async def _run(
+    config: RolloutConfig,
+    engine: Engine,
+    env: Environment,
+    examples: list[dict[str, Any]],
+    sampling: SamplingParams,
+    buffer: ReplayBuffer | None,
+    console: Console,
+) -> tuple[Rollouts, dict[str, float | int]]:
+    """The rollout itself, with a progress bar; the engine is closed at the end."""
     started = time.perf_counter()
     try:
         with Progress(
@@ -89,8 +132,8 @@ async def run_rollout(
             console=console,
         ) as progress:
             total = len(examples) * config.n
-            task = progress.add_task(f"{config.env} x {config.model}", total=total)
-            if config.mode == "turn_sync":
+            task = progress.add_task(escape(f"{config.env} x {config.model}"), total=total)
+            if buffer is None:
                 results = await rollout(
                     engine, env, examples, n=config.n, sampling=sampling,
                     max_turns=config.max_turns, max_len=config.max_len,
@@ -98,20 +141,15 @@ async def run_rollout(
                     env_timeout=config.env_timeout, mode=config.mode,
                     on_trajectory=lambda _t: progress.advance(task),
                 )  # fmt: skip
-                extra: dict[str, float | int] = {}
-            else:
-                trajs, extra = await _produce(
-                    config, engine, env, examples, sampling,
-                    advance=lambda k: progress.advance(task, k),
-                )  # fmt: skip
-                results = Rollouts(
-                    trajs, compute_metrics(trajs, config.n, time.perf_counter() - started)
-                )
+                return results, {}
+            trajs, extra = await _produce(
+                config, engine, env, examples, sampling, buffer,
+                advance=lambda k: progress.advance(task, k),
+            )  # fmt: skip
+            elapsed = time.perf_counter() - started
+            return Rollouts(trajs, compute_metrics(trajs, config.n, elapsed)), extra
     finally:
         await engine.close()
-    metrics = {**results.metrics.as_dict(), **extra}
-    write_run(out, results, metrics, config.model_dump(mode="json"), report(config, metrics))
-    return out, results
 
 
 async def _produce(
@@ -120,29 +158,25 @@ async def _produce(
     env: Environment,
     examples: list[dict[str, Any]],
     sampling: SamplingParams,
+    buffer: ReplayBuffer,
     advance: Callable[[int], None],
 ) -> tuple[list[Trajectory], dict[str, float | int]]:
     """Every example's group through a producer over the run's buffer log."""
-    buffer = ReplayBuffer(config.out / BUFFER)  # type: ignore[operator]
-    try:
-        advance(len(buffer.trajectories(ENDED)))  # groups a resumed run already finished
-        producer = Producer(
-            engine, Task(config.env, env, examples),
-            ProducerConfig(
-                n=config.n, batch_size=len(examples), max_staleness=None,
-                max_in_flight=max(1, math.ceil(config.concurrency / config.n)),
-            ),
-            buffer=buffer, sampling=sampling, max_turns=config.max_turns,
-            max_len=config.max_len, env_timeout=config.env_timeout, on_error=config.on_error,
-            concurrency=config.concurrency, on_group=lambda g: advance(len(g.samples)),
-        )  # fmt: skip
-        async with producer:
-            await producer.run_to_end()
-        trajs = buffer.trajectories(ENDED)
-        extra = {f"producer/{k}": v for k, v in producer_metrics(buffer).items()}
-    finally:
-        buffer.close()
-    return trajs, extra
+    advance(len(buffer.trajectories(ENDED)))  # groups a resumed run already finished
+    producer = Producer(
+        engine, Task(config.env, env, examples),
+        ProducerConfig(
+            n=config.n, batch_size=len(examples), max_staleness=None,
+            max_in_flight=max(1, math.ceil(config.concurrency / config.n)),
+        ),
+        buffer=buffer, sampling=sampling, max_turns=config.max_turns,
+        max_len=config.max_len, env_timeout=config.env_timeout, on_error=config.on_error,
+        concurrency=config.concurrency, on_group=lambda g: advance(len(g.samples)),
+    )  # fmt: skip
+    async with producer:
+        await producer.run_to_end()
+    trajs = buffer.trajectories(ENDED)
+    return trajs, {f"producer/{k}": v for k, v in producer_metrics(buffer).items()}
 
 
 def report(config: RolloutConfig, metrics: dict[str, float | int]) -> list[str]:
@@ -159,7 +193,7 @@ def report(config: RolloutConfig, metrics: dict[str, float | int]) -> list[str]:
 
 
 def summary_table(metrics: dict[str, float | int], out: Path) -> Table:
-    table = Table(title=f"rollout summary -> {out}")
+    table = Table(title=escape(f"rollout summary -> {out}"))
     table.add_column("metric")
     table.add_column("value", justify="right")
     keys = [
@@ -185,7 +219,7 @@ def sample_panel(traj: Trajectory) -> Panel:
         style = "bold green" if message["role"] == "assistant" else "bold"
         body.append(f"{message['role']}: ", style=style)
         body.append(content + "\n")
-    title = (
+    title = escape(
         f"sample: example {traj.example_id}, sample {traj.sample_index}, "
         f"{traj.turns} turn(s), status {traj.status}, reward {traj.reward:.2f}"
     )

@@ -208,7 +208,7 @@ def test_loomrl_doctor_runs_for_real(home, monkeypatch):
 )
 def test_models_prepare_with_a_bad_spec_exits_2_with_the_reason(home, capsys, spec, message):
     assert cli.main(["models", "prepare", spec]) == 2
-    out = flat(capsys.readouterr().out)
+    out = flat(capsys.readouterr().err)
     assert "error:" in out and message in out
     assert "Traceback" not in out
     assert not (home / "models").exists()
@@ -222,7 +222,7 @@ def test_models_prepare_bad_spec_from_the_installed_command(home):
         timeout=300,
     )
     assert result.returncode == 2
-    assert "unknown model 'no-such-model'" in flat(result.stdout)
+    assert "unknown model 'no-such-model'" in flat(result.stderr)
     assert "Traceback" not in result.stdout + result.stderr
 
 

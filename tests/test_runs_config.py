@@ -9,7 +9,7 @@ import pyarrow.parquet as pq
 import pytest
 from pydantic import ValidationError
 
-from loomrl.config import RolloutConfig
+from loomrl.config import ConfigError, RolloutConfig, describe, load_run_config, read_toml
 from loomrl.runs import TRAJECTORY_SCHEMA, read_trajectories, write_run
 from loomrl.types import Status, Trajectory
 
@@ -100,3 +100,73 @@ def test_config_rejects_unknown_and_invalid_fields(tmp_path):
         RolloutConfig.load(path, {})
     with pytest.raises(ValidationError, match="n"):
         RolloutConfig.load(None, {"n": 0})
+
+
+def test_a_run_config_reads_back_its_none_values(tmp_path):
+    """TOML has no null: ``config.toml`` leaves None fields out, and reading it back must
+    give None again, not the field's default (``env_timeout`` None is not 30 s)."""
+    config = RolloutConfig(env_timeout=None, max_turns=None, n=3)
+    write_run(tmp_path, [], {}, config.model_dump(mode="json"))
+    text = (tmp_path / "config.toml").read_text()
+    assert "env_timeout" not in text
+    assert RolloutConfig.load(tmp_path / "config.toml", {}).env_timeout == 30.0  # the default
+    again = load_run_config(RolloutConfig, tmp_path / "config.toml", "rollout")
+    assert again == config
+
+
+def test_a_run_config_that_does_not_validate_is_one_line(tmp_path):
+    path = tmp_path / "config.toml"
+    path.write_text("n = 0\nenvv = 'x'\n")
+    with pytest.raises(ConfigError) as info:
+        load_run_config(RolloutConfig, path, "rollout")
+    assert str(info.value) == (
+        f"{path}: n = 0: Input should be greater than or equal to 1; "
+        f"{path}: unknown field 'envv' (did you mean 'env'?)"
+    )
+
+
+@pytest.mark.parametrize(
+    "content, message",
+    [
+        (b"n = = 2\n", "invalid TOML: Invalid value (at line 1, column 5)"),
+        (
+            b"a = 1\n\n[x\n",
+            "invalid TOML: Expected ']' at the end of a table declaration (at line 3",
+        ),
+        (b"\xff\xfe", "not a TOML file (not UTF-8 text)"),
+    ],
+)
+def test_read_toml_names_the_file_and_line(tmp_path, content, message):
+    path = tmp_path / "c.toml"
+    path.write_bytes(content)
+    with pytest.raises(ValueError) as info:
+        read_toml(path)
+    assert str(info.value).startswith(f"{path}: {message}")
+
+
+def test_read_toml_of_a_missing_file_or_a_directory(tmp_path):
+    with pytest.raises(FileNotFoundError, match="no such config file"):
+        read_toml(tmp_path / "nope.toml")
+    with pytest.raises(ValueError, match="is a directory, not a TOML file"):
+        read_toml(tmp_path)
+
+
+def test_keys_beside_the_rollout_table_are_refused(tmp_path):
+    path = tmp_path / "mixed.toml"
+    path.write_text("seed = 3\n\n[rollout]\nn = 2\n")
+    with pytest.raises(ValueError, match=r"\['seed'\] sit outside the \[rollout\] table"):
+        RolloutConfig.load(path, {})
+
+
+def test_describe_names_flags_files_and_nested_fields(tmp_path):
+    with pytest.raises(ValidationError) as info:
+        RolloutConfig.model_validate({"n": 0, "examples": "x", "env_args": 3, "bogus": 1})
+    text = describe(info.value, tmp_path / "r.toml", {"n": "--n 0"}, RolloutConfig)
+    assert "\n" not in text
+    assert text.split("; ") == [  # in the order of the fields
+        f"{tmp_path / 'r.toml'}: env_args = 3: Input should be a valid dictionary",
+        f'{tmp_path / "r.toml"}: examples = "x": Input should be a valid integer, unable to '
+        "parse string as an integer",
+        "--n 0: Input should be greater than or equal to 1",
+        f"{tmp_path / 'r.toml'}: unknown field 'bogus'",
+    ]

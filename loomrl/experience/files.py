@@ -1,5 +1,10 @@
 """``experience.parquet``: a run's trajectories with advantages, as ``loomrl experience``
-writes them (schema in docs/parquet.md; columns are only ever added at the end)."""
+writes them (schema in docs/parquet.md; columns are only ever added at the end).
+
+Everything a request can get wrong is found before anything is written: the estimator
+and its options (``check_estimator``, a dry run on two made-up samples), the source
+file's schema (``check_trajectory_file``), and a run with no trajectory to use.
+"""
 
 from __future__ import annotations
 
@@ -12,14 +17,17 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from loomrl.experience.maker import Experience, make_experience
+from loomrl.experience.maker import UNUSABLE, Experience, make_experience
 from loomrl.runs import TRAJECTORY_SCHEMA, load_trajectories, trajectory_table
+from loomrl.types import Trajectory
 
 TOKEN_VALUES = ("advantages", "returns")  # per completion token, from the estimator
 _COLUMNS = (
     "example_id", "group_id", "sample_index", "env", "prompt_ids", "completion_ids",
     "logprobs", "loss_mask", *TOKEN_VALUES, "reward", "status", "policy_version",
 )  # fmt: skip
+# Columns files written before them lack; readers fill them in (see load_trajectories).
+OPTIONAL_COLUMNS = ("span_starts", "span_ends", "span_versions", "finish_reasons")
 EXPERIENCE_SCHEMA = pa.schema(
     [
         pa.field(name, pa.list_(pa.float32()))
@@ -61,6 +69,51 @@ def parse_options(pairs: list[str]) -> dict[str, Any]:
     return options
 
 
+def check_estimator(estimator: str, options: Mapping[str, Any] | None = None) -> None:
+    """Raise ``ValueError`` now for an unknown estimator, an option it does not take, an
+    input it needs that trajectories cannot give (e.g. ``gae``'s values) or an option value
+    it refuses: the estimator runs once on two made-up samples of one group."""
+    probe = [
+        Trajectory(
+            example_id=0, group_id=0, sample_index=k, env="probe", completion_ids=[1],
+            logprobs=[-0.5], loss_mask=[1], spans=[(0, 1)], span_versions=[0], reward=k,
+        )
+        for k in (0, 1)
+    ]  # fmt: skip
+    try:
+        make_experience(probe, estimator, options=options)
+    except (TypeError, RuntimeError, ValueError) as exc:  # TypeError etc.: a value's kind
+        if repr(estimator) in str(exc):
+            raise ValueError(str(exc)) from None
+        raise ValueError(
+            f"estimator {estimator!r} with options {dict(options or {})}: {exc}"
+        ) from None
+
+
+def check_trajectory_file(path: Path) -> None:
+    """Raise ``ValueError`` naming ``path`` if it is not Parquet or lacks a column of
+    ``TRAJECTORY_SCHEMA`` (or has one of another type)."""
+    try:
+        schema = pq.read_schema(path)
+    except (pa.ArrowException, OSError) as exc:
+        raise ValueError(f"{path} is not a Parquet file ({exc})") from None
+    required = [f for f in TRAJECTORY_SCHEMA if f.name not in OPTIONAL_COLUMNS]
+    missing = [f.name for f in required if f.name not in schema.names]
+    if missing:
+        raise ValueError(
+            f"{path} is not a loomrl trajectories file: it lacks columns {missing} "
+            "(schema in docs/parquet.md)"
+        )
+    for expected in TRAJECTORY_SCHEMA:
+        if expected.name in schema.names:
+            got = schema.field(expected.name).type
+            if not got.equals(expected.type):
+                raise ValueError(
+                    f"{path}: column {expected.name!r} is {got}, not {expected.type} "
+                    "(schema in docs/parquet.md)"
+                )
+
+
 def run_experience(
     run_dir: Path,
     estimator: str,
@@ -70,14 +123,22 @@ def run_experience(
     out: Path | None = None,
 ) -> tuple[Path, dict[str, Any]]:
     """Read ``run_dir/trajectories.parquet``; write ``experience.parquet`` and
-    ``experience_stats.json`` (to ``out``, default ``run_dir``); return the file and stats."""
+    ``experience_stats.json`` (to ``out``, default ``run_dir``); return the file and stats.
+
+    A run with no trajectory to compute advantages for (all failed, or every group
+    dropped by ``drop_zero_variance``) raises ``ValueError`` saying why; nothing is
+    written then."""
+    check_estimator(estimator, options)
     source = run_dir / "trajectories.parquet"
     if not source.is_file():
         raise FileNotFoundError(f"{source} not found: is {run_dir} a loomrl run directory?")
+    check_trajectory_file(source)
     exp = make_experience(
         load_trajectories(source), estimator, options=options,
         drop_zero_variance=drop_zero_variance,
     )  # fmt: skip
+    if not exp.trajectories:
+        raise ValueError(f"{source}: {_nothing_usable(exp.stats)}")
     bad = [i for i, row in enumerate(exp.advantages) if not all(map(math.isfinite, row))]
     if bad:
         raise ValueError(f"estimator {estimator!r} gave non-finite advantages in rows {bad[:5]}")
@@ -90,3 +151,23 @@ def run_experience(
     stats = {"source": str(source), **exp.stats}
     (target / "experience_stats.json").write_text(json.dumps(stats, indent=2) + "\n")
     return path, stats
+
+
+def _nothing_usable(stats: Mapping[str, Any]) -> str:
+    """Why no trajectory is left to train on, from ``make_experience``'s stats."""
+    total = stats["trajectories_in"]
+    if total == 0:
+        return "no trajectories: the run produced none"
+    left_out = stats["left_out_by_status"]
+    if sum(left_out.values()) == total:
+        counts = ", ".join(f"{n} {status}" for status, n in sorted(left_out.items()))
+        return (
+            f"no usable trajectory: all {total} ended as "
+            f"{'/'.join(sorted(str(s) for s in UNUSABLE))} ({counts}); "
+            "see their 'error' column"
+        )
+    return (
+        f"no usable trajectory: --drop-zero-variance dropped all "
+        f"{stats['zero_variance_groups_dropped']} groups (every group's rewards agree)"
+        + (f" and {sum(left_out.values())} trajectories failed" if left_out else "")
+    )

@@ -14,11 +14,28 @@ from loomrl.models.store import MARKER, build_atomically, loomrl_home, missing_p
 DEFAULT_MODEL = "smollm2-135m-instruct"
 NAMED = ("smollm2-135m-instruct", "tiny-random")
 
-__all__ = ["DEFAULT_MODEL", "NAMED", "ModelError", "loomrl_home", "models_dir", "resolve"]
+__all__ = [
+    "DEFAULT_MODEL", "NAMED", "ModelError", "check_spec", "loomrl_home", "models_dir", "resolve",
+]  # fmt: skip
 
 
 class ModelError(ValueError):
     """A model spec that names no known model or a directory that is not a usable model."""
+
+
+def check_spec(spec: str) -> None:
+    """Raise ``ModelError`` (or ``FileNotFoundError`` for a named model whose source is
+    not installed) for a spec ``resolve`` would refuse, without converting or loading
+    anything: commands call it before they start an engine."""
+    if spec == "smollm2-135m-instruct":
+        if not is_prepared(spec):
+            smollm2.gguf_path()
+        return
+    if spec == "tiny-random" or spec.startswith("tiny-random:"):
+        if not is_prepared(f"tiny-random-seed{_seed(spec)}"):
+            check_spec(DEFAULT_MODEL)  # it borrows the default model's tokenizer
+        return
+    _local_dir(spec)
 
 
 def resolve(spec: str) -> Path:
@@ -33,8 +50,13 @@ def resolve(spec: str) -> Path:
             lambda out: tiny_random.build(out, tokenizer_dir, seed),
             {"source": "random", "seed": seed},
         )
-    path = Path(spec).expanduser()
-    if path.is_dir():
+    return _local_dir(spec)
+
+
+def _local_dir(spec: str) -> Path:
+    """A local HF model directory named by ``spec``, checked to be complete."""
+    path = Path(spec).expanduser() if spec else None
+    if path is not None and path.is_dir():
         missing = missing_parts(path)
         if missing:
             raise ModelError(f"model directory {spec!r} is missing: {', '.join(missing)}")

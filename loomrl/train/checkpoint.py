@@ -2,14 +2,20 @@
 
 Each holds the model and tokenizer (an HF directory that vLLM and transformers load as
 is), ``learner.pt`` (optimizer, LR schedule, step count), ``rng.pt`` (torch and Python
-RNG states) and ``state.json`` (the step it was taken after). A checkpoint is written to
-a temporary directory and renamed into place, so a crash never leaves a half one behind;
-the newest ``keep`` survive.
+RNG states) and ``state.json`` (the step it was taken after and the id of the run that
+wrote it). A checkpoint is written to a temporary directory and renamed into place, so
+a crash never leaves a half one behind; of the checkpoints with the writer's run id, the
+newest ``keep`` survive: pruning never touches another run's files.
+
+Opening a checkpoint never runs code: the ``.pt`` files hold only tensors and plain data
+(dicts, lists, numbers, strings) and are read with ``torch.load(weights_only=True)``; a
+file holding anything else is refused with a ``CheckpointError`` naming it.
 """
 
 from __future__ import annotations
 
 import json
+import pickle
 import random
 import shutil
 from dataclasses import dataclass
@@ -21,10 +27,15 @@ import torch
 PREFIX = "step-"
 
 
+class CheckpointError(ValueError):
+    """A checkpoint file that is unreadable, incomplete, or holds more than data."""
+
+
 @dataclass(frozen=True)
 class Checkpoint:
     path: Path
     step: int
+    run_id: str | None = None
 
     @property
     def model_dir(self) -> Path:
@@ -33,36 +44,39 @@ class Checkpoint:
 
 def save_checkpoint(
     run_dir: Path, step: int, model: Any, tokenizer: Any, learner_state: dict[str, Any],
-    keep: int = 2,
+    keep: int = 2, run_id: str | None = None,
 ) -> Checkpoint:  # fmt: skip
-    """Save everything needed to continue after ``step`` (the number of steps done)."""
+    """Save everything needed to continue after ``step`` (the number of steps done), then
+    prune this run's (``run_id``'s) checkpoints to the newest ``keep``."""
     if keep < 1:
         raise ValueError(f"keep must be >= 1 (the checkpoint being written), got {keep}")
     root = run_dir / "checkpoints"
     root.mkdir(parents=True, exist_ok=True)
     final = root / f"{PREFIX}{step:06d}"
     tmp = root / f".tmp-{PREFIX}{step:06d}"
+    owner = _readable_state(final)
+    if owner is not None and owner.run_id != run_id:
+        raise CheckpointError(f"{final} belongs to another run; not replacing it")
     shutil.rmtree(tmp, ignore_errors=True)
     model.save_pretrained(tmp / "model", safe_serialization=True)
     tokenizer.save_pretrained(tmp / "model")
     torch.save(learner_state, tmp / "learner.pt")
-    torch.save({"torch": torch.get_rng_state(), "python": random.getstate()}, tmp / "rng.pt")
-    (tmp / "state.json").write_text(json.dumps({"step": step}) + "\n")
+    version, internal, gauss = random.getstate()
+    rng = {"torch": torch.get_rng_state(), "python": [version, list(internal), gauss]}
+    torch.save(rng, tmp / "rng.pt")
+    (tmp / "state.json").write_text(json.dumps({"step": step, "run_id": run_id}) + "\n")
     shutil.rmtree(final, ignore_errors=True)
     tmp.rename(final)
-    for old in list_checkpoints(run_dir)[:-keep]:
+    mine = [c for c in _readable(run_dir) if c.run_id == run_id]
+    for old in mine[:-keep]:
         shutil.rmtree(old.path, ignore_errors=True)
-    return Checkpoint(final, step)
+    return Checkpoint(final, step, run_id)
 
 
 def list_checkpoints(run_dir: Path) -> list[Checkpoint]:
-    """Complete checkpoints of ``run_dir``, oldest first."""
-    root = run_dir / "checkpoints"
-    found = []
-    for path in root.glob(f"{PREFIX}*") if root.is_dir() else []:
-        state = path / "state.json"
-        if state.is_file():
-            found.append(Checkpoint(path, int(json.loads(state.read_text())["step"])))
+    """Complete checkpoints of ``run_dir``, oldest first. A ``state.json`` that is not a
+    checkpoint's (no JSON, no integer ``step``) raises ``CheckpointError`` naming it."""
+    found = [_read_state(state.parent) for state in _state_files(run_dir)]
     return sorted(found, key=lambda c: c.step)
 
 
@@ -75,8 +89,71 @@ def latest_checkpoint(run_dir: Path) -> Checkpoint:
 
 
 def load_learner_state(checkpoint: Checkpoint) -> dict[str, Any]:
-    """The learner state, with the RNG states restored as a side effect."""
-    rng = torch.load(checkpoint.path / "rng.pt", weights_only=False)
-    torch.set_rng_state(rng["torch"])
-    random.setstate(rng["python"])
-    return torch.load(checkpoint.path / "learner.pt", weights_only=False)
+    """The learner state, with the RNG states restored as a side effect (only once both
+    files have been read and checked)."""
+    rng = _load(checkpoint.path / "rng.pt")
+    state = _load(checkpoint.path / "learner.pt")
+    try:
+        version, internal, gauss = rng["python"]
+        python_state = (int(version), tuple(int(x) for x in internal), gauss)
+        torch_state = rng["torch"]
+        if not isinstance(torch_state, torch.Tensor) or not isinstance(state, dict):
+            raise TypeError("unexpected contents")
+    except (KeyError, TypeError, ValueError) as exc:
+        raise CheckpointError(f"{checkpoint.path}: rng.pt or learner.pt is malformed") from exc
+    torch.set_rng_state(torch_state)
+    random.setstate(python_state)
+    return state
+
+
+def _load(path: Path) -> Any:
+    """``torch.load`` of tensors and plain data only: a pickle that would build other
+    objects (and so could run code) is refused without running anything."""
+    if not path.is_file():
+        raise CheckpointError(f"{path} is missing: the checkpoint is incomplete")
+    try:
+        return torch.load(path, weights_only=True, map_location="cpu")
+    except (pickle.UnpicklingError, RuntimeError, EOFError, ValueError, TypeError) as exc:
+        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        raise CheckpointError(
+            f"{path} is not a loomrl checkpoint file of tensors and plain data; refused to "
+            f"load it ({first[:200]})"
+        ) from exc
+
+
+def _state_files(run_dir: Path) -> list[Path]:
+    """``state.json`` of every ``step-*`` directory (one without it is not complete)."""
+    root = run_dir / "checkpoints"
+    found = root.glob(f"{PREFIX}*/state.json") if root.is_dir() else []
+    return [path for path in found if path.is_file()]
+
+
+def _read_state(path: Path) -> Checkpoint:
+    state = path / "state.json"
+    if not state.is_file():
+        raise CheckpointError(f"{state} is missing")
+    try:
+        data = json.loads(state.read_text())
+        step = data["step"]
+    except (json.JSONDecodeError, UnicodeDecodeError, KeyError, TypeError):
+        raise CheckpointError(
+            f"{state} has no 'step': not a complete checkpoint (remove {path} to resume "
+            "from the one before)"
+        ) from None
+    if not isinstance(step, int) or isinstance(step, bool) or step < 0:
+        raise CheckpointError(f"{state}: 'step' must be a non-negative integer, got {step!r}")
+    run_id = data.get("run_id")
+    return Checkpoint(path, step, run_id if isinstance(run_id, str) else None)
+
+
+def _readable(run_dir: Path) -> list[Checkpoint]:
+    """Checkpoints whose state reads, oldest first (pruning skips what it cannot read)."""
+    found = [_readable_state(state.parent) for state in _state_files(run_dir)]
+    return sorted((c for c in found if c is not None), key=lambda c: c.step)
+
+
+def _readable_state(path: Path) -> Checkpoint | None:
+    try:
+        return _read_state(path) if (path / "state.json").is_file() else None
+    except CheckpointError:
+        return None

@@ -1,4 +1,5 @@
-"""``loomrl train``: the loop with a live table, then a report with the reward curve."""
+"""``loomrl train``: the loop with a live table, then a report with the reward curve;
+``resume_config`` reads back the configuration a run directory was started with."""
 
 from __future__ import annotations
 
@@ -8,8 +9,11 @@ from typing import Any
 
 from rich.console import Console
 from rich.live import Live
+from rich.markup import escape
 from rich.table import Table
 
+from loomrl.config import load_run_config, read_toml
+from loomrl.rundir import RunDirError, check_run
 from loomrl.train.config import TrainConfig
 from loomrl.train.loop import train
 
@@ -34,11 +38,31 @@ def table(rows: list[dict[str, Any]], title: str) -> Table:
     return shown
 
 
+def default_out() -> Path:
+    """Where a run goes when no ``out`` is given: ``runs/train-TIME``."""
+    return Path("runs") / time.strftime("train-%Y%m%d-%H%M%S")
+
+
+def resume_config(run_dir: Path) -> TrainConfig:
+    """The configuration ``run_dir`` was started with (its ``config.toml``), ``out`` set
+    to ``run_dir``."""
+    check_run(run_dir, "train", ("config.toml",))
+    path = run_dir / "config.toml"
+    if "train" not in read_toml(path) and "examples" in read_toml(path):
+        raise RunDirError(
+            f"{run_dir} is a `loomrl rollout` run; continue it with `loomrl rollout --resume "
+            f"{run_dir}`"
+        )
+    config = load_run_config(TrainConfig, path, "train")
+    return config.model_copy(update={"out": run_dir})
+
+
 async def run_train(
-    config: TrainConfig, console: Console, resume: Path | None = None
+    config: TrainConfig, console: Console, resume: Path | None = None, overwrite: bool = False
 ) -> tuple[Path, list[dict[str, Any]]]:
-    out = resume or config.out or Path("runs") / time.strftime("train-%Y%m%d-%H%M%S")
-    title = f"train {' + '.join(config.task_specs())} x {config.model} -> {out}"
+    """Train (or continue ``resume``) with a live table; write ``report.md``."""
+    out = resume or config.out or default_out()
+    title = escape(f"train {' + '.join(config.task_specs())} x {config.model} -> {out}")
     rows: list[dict[str, Any]] = []
     console.print(f"[bold]{title}[/] ({config.steps} steps; starting vLLM takes ~30 s)")
     with Live(table(rows, title), console=console, refresh_per_second=2) as live:
@@ -47,7 +71,9 @@ async def run_train(
             rows.append(row)
             live.update(table(rows, title))
 
-        all_rows = await train(config, out, resume=resume is not None, on_step=show)
+        all_rows = await train(
+            config, out, resume=resume is not None, overwrite=overwrite, on_step=show
+        )
     (out / "report.md").write_text(report(config, all_rows))
     return out, all_rows
 

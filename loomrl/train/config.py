@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import time
 import tomllib
 from pathlib import Path
 from typing import Any, Literal
 
+import tomli_w
 from pydantic import BaseModel, ConfigDict, Field
 
+from loomrl.config import read_toml, table_of
 from loomrl.models import DEFAULT_MODEL
 from loomrl.train.learner import LearnerConfig
 
@@ -93,15 +96,7 @@ class TrainConfig(BaseModel):
     @classmethod
     def load(cls, path: Path | None, overrides: dict[str, Any] | None = None) -> TrainConfig:
         """The TOML file's values (its ``[train]`` table or top level), then overrides."""
-        data: dict[str, Any] = {}
-        if path is not None:
-            with open(path, "rb") as f:
-                data = tomllib.load(f)
-            if "train" in data:
-                stray = sorted(set(data) - {"train"})
-                if stray:
-                    raise ValueError(f"{path}: {stray} sit outside the [train] table; move them in")
-                data = data["train"]
+        data = table_of(read_toml(path), "train", path) if path is not None else {}
         data.update({k: v for k, v in (overrides or {}).items() if v is not None})
         return cls.model_validate(data)
 
@@ -119,3 +114,21 @@ class TrainConfig(BaseModel):
             max_tokens=self.micro_batch_tokens,
             autocast=None if self.autocast == "none" else self.autocast,
         )  # fmt: skip
+
+
+def extend_steps(path: Path, steps: int) -> int:
+    """Raise the ``steps`` a run's ``config.toml`` at ``path`` records to ``steps`` (a
+    resumed run trained longer); every other value stays as written. The change is kept
+    as a comment line at the top of the file. Returns the old value."""
+    text = path.read_text(encoding="utf-8")
+    data = tomllib.loads(text)
+    table = data.get("train", data)
+    old = int(table["steps"])
+    table["steps"] = steps
+    comments = [line for line in text.splitlines() if line.startswith("#")]
+    stamp = time.strftime("%Y-%m-%d %H:%M:%S")
+    comments.append(f"# steps {old} -> {steps}: extended by `loomrl train --resume` at {stamp}")
+    tmp = path.with_suffix(".toml.tmp")
+    tmp.write_text("\n".join(comments) + "\n" + tomli_w.dumps(data), encoding="utf-8")
+    tmp.replace(path)  # a kill mid-write leaves the old file, never half of one
+    return old

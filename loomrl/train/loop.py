@@ -11,8 +11,8 @@ on after it are trained on again and tokens of the lost policies are produced ag
 from __future__ import annotations
 
 import json
-import shutil
 import time
+import uuid
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -21,12 +21,14 @@ import torch
 
 from loomrl.envs import load as load_env
 from loomrl.experience import make_experience
+from loomrl.experience.files import check_estimator
 from loomrl.models import resolve
 from loomrl.producer import AsyncProducer, ProducerConfig, ReplayBuffer, SyncProducer, Task
 from loomrl.producer.metrics import producer_metrics
 from loomrl.rollout import Rollouts
 from loomrl.rollout.metrics import compute_metrics
 from loomrl.rollout.scoring import SCORED
+from loomrl.rundir import BUFFER, check_new_run, clear_run, open_buffer
 from loomrl.runs import write_trajectories
 from loomrl.train.checkpoint import latest_checkpoint, load_learner_state, save_checkpoint
 from loomrl.train.config import TrainConfig
@@ -60,21 +62,30 @@ async def train(
     out: Path,
     *,
     resume: bool = False,
+    overwrite: bool = False,
     make_engine: Callable[[Path, int], Any] | None = None,
     on_step: StepCallback | None = None,
 ) -> list[dict[str, Any]]:
-    """Run (or, with ``resume``, continue) training into ``out``; return all metric rows."""
+    """Run (or, with ``resume``, continue) training into ``out``; return all metric rows.
+
+    A new run refuses a directory that holds a run (``RunDirError``) unless ``overwrite``,
+    which removes that run's files first. Everything that can refuse the request (the
+    checkpoint, the model, the environments, the estimator) is checked before anything is
+    written or the engine starts."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
+    if not resume:
+        check_new_run(out, "train", overwrite=overwrite)
+    check_estimator(config.estimator, config.estimator_options)
     start, model_dir, learner_state = 0, resolve(config.model), None
     if resume:
         checkpoint = latest_checkpoint(out)
-        start, model_dir = checkpoint.step, checkpoint.model_dir
+        start, model_dir, run_id = checkpoint.step, checkpoint.model_dir, checkpoint.run_id
         learner_state = load_learner_state(checkpoint)
     else:
+        run_id = uuid.uuid4().hex
         torch.manual_seed(config.seed)
-    rows = _prepare_run_dir(out, config, start)
-    sinks = open_sinks(config.log_to, out, config.model_dump(mode="json"))
+    tasks = _tasks(config)
     dtype = getattr(torch, config.dtype)
     model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=dtype)
     tokenizer = AutoTokenizer.from_pretrained(model_dir)
@@ -85,9 +96,20 @@ async def train(
     learner = Learner(model, config.learner(), reference)
     if learner_state is not None:
         learner.load_state_dict(learner_state)
+    if overwrite and not resume:
+        clear_run(out)
     buffer = _open_buffer(out, start)
-    engine = (make_engine or engine_factory(config))(model_dir, start)
-    producer = _producer(config, engine, buffer)
+    try:
+        rows = _prepare_run_dir(out, config, start)
+        if start >= config.steps:  # a finished run: nothing to produce, no engine to start
+            buffer.close()
+            return rows
+        sinks = open_sinks(config.log_to, out, config.model_dump(mode="json"))
+        engine = (make_engine or engine_factory(config))(model_dir, start)
+    except BaseException:
+        buffer.close()
+        raise
+    producer = _producer(config, engine, buffer, tasks)
     try:
         for step in range(start, config.steps):
             started = time.perf_counter()
@@ -116,7 +138,9 @@ async def train(
             if on_step is not None:
                 on_step(row)
             if (step + 1) % config.checkpoint_every == 0 or step + 1 == config.steps:
-                save_checkpoint(out, step + 1, model, tokenizer, learner.state_dict())
+                save_checkpoint(
+                    out, step + 1, model, tokenizer, learner.state_dict(), run_id=run_id
+                )
     finally:
         await producer.close()
         await engine.close()
@@ -126,25 +150,27 @@ async def train(
 
 def _open_buffer(out: Path, start: int) -> ReplayBuffer:
     """The run's replay buffer: new for a new run, rewound to ``start`` on resume."""
-    path = out / "buffer.sqlite"
-    if start == 0:
-        for stale in out.glob("buffer.sqlite*"):
-            stale.unlink()
-    buffer = ReplayBuffer(path)
+    buffer = open_buffer(out / BUFFER)
     if start:
         buffer.rewind(start)
     return buffer
 
 
-def _producer(config: TrainConfig, engine: Any, buffer: ReplayBuffer) -> SyncProducer:
-    """The producer over every task; its examples are one seeded pool per task, drawn in
-    order, large enough for every step even with over-sampling and filtering."""
+def _tasks(config: TrainConfig) -> list[Task]:
+    """One task per environment, each with a seeded pool of examples drawn in order,
+    large enough for every step even with over-sampling and filtering."""
     pool = config.steps * config.prompts_per_step * 4 + 64
-    tasks = [
+    return [
         Task(name, env, env.dataset(pool, seed=config.seed), weight=spec.weight)
         for name, spec in config.task_specs().items()
         for env in [load_env(name, **spec.env_args)]
     ]
+
+
+def _producer(
+    config: TrainConfig, engine: Any, buffer: ReplayBuffer, tasks: list[Task]
+) -> SyncProducer:
+    """The producer over every task, sync or async as configured."""
     kind = AsyncProducer if config.producer == "async" else SyncProducer
     return kind(
         engine, tasks,
@@ -242,17 +268,16 @@ def _read_rows(path: Path) -> list[dict[str, Any]]:
 
 
 def _prepare_run_dir(out: Path, config: TrainConfig, start: int) -> list[dict[str, Any]]:
-    """Write the config; on resume keep exactly the steps up to the checkpoint."""
+    """A new run writes its config; a resumed one keeps exactly the steps up to its
+    checkpoint (and its ``config.toml`` as it is)."""
     import tomli_w
 
     from loomrl.runs import toml_ready
 
     out.mkdir(parents=True, exist_ok=True)
-    (out / "config.toml").write_text(tomli_w.dumps(toml_ready(config.model_dump(mode="json"))))
-    segments = out / "trajectories"
     if start == 0:
-        shutil.rmtree(segments, ignore_errors=True)
-        (out / "metrics.jsonl").unlink(missing_ok=True)
+        (out / "config.toml").write_text(tomli_w.dumps(toml_ready(config.model_dump(mode="json"))))
+    segments = out / "trajectories"
     segments.mkdir(exist_ok=True)
     rows = []
     metrics = out / "metrics.jsonl"

@@ -32,7 +32,7 @@ def test_sigkilled_cli_rollout_resumes_exactly(tmp_path):
     refused = subprocess.run(
         [*cli, "--resume", str(run_dir), "--n", "3"], capture_output=True, text=True, timeout=120
     )
-    assert refused.returncode == 2 and "--resume continues" in refused.stdout
+    assert refused.returncode == 2 and "--resume continues" in refused.stderr
 
     done = subprocess.run(
         [*cli, "--resume", str(run_dir)], capture_output=True, text=True, timeout=600

@@ -41,4 +41,4 @@ def test_cli_rejects_bad_config_with_a_clear_message(tmp_path):
         capture_output=True, text=True, timeout=120,
     )  # fmt: skip
     assert done.returncode == 2
-    assert "examples" in done.stdout
+    assert "examples" in done.stderr

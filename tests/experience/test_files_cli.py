@@ -122,7 +122,7 @@ def test_out_writes_elsewhere(run_dir, tmp_path):
 def test_missing_run_dir_exits_2_with_a_message(tmp_path, capsys):
     missing = tmp_path / "no-such-run"
     assert main(["experience", str(missing), "--estimator", "rloo"]) == 2
-    out = flat(capsys.readouterr().out)
+    out = flat(capsys.readouterr().err)
     assert "error:" in out and "not found" in out and "loomrl run directory" in out
     assert "Traceback" not in out
     assert not missing.exists()
@@ -139,7 +139,7 @@ def test_missing_run_dir_exits_2_with_a_message(tmp_path, capsys):
 )
 def test_bad_requests_exit_2_and_write_nothing(run_dir, capsys, extra, message):
     assert main(["experience", str(run_dir), *extra]) == 2
-    assert message in flat(capsys.readouterr().out)
+    assert message in flat(capsys.readouterr().err)
     assert not (run_dir / "experience.parquet").exists()
 
 
@@ -150,7 +150,7 @@ def test_non_finite_advantages_are_refused(run_dir, monkeypatch, capsys):
 
     monkeypatch.setitem(estimators._ESTIMATORS, "always_nan", always_nan)
     assert main(["experience", str(run_dir), "--estimator", "always_nan"]) == 2
-    assert "non-finite advantages in rows [0, 1, 2" in flat(capsys.readouterr().out)
+    assert "non-finite advantages in rows [0, 1, 2" in flat(capsys.readouterr().err)
     assert not (run_dir / "experience.parquet").exists()
 
 
@@ -211,3 +211,93 @@ async def test_scripted_rollout_to_experience(make_engine, tmp_path):
         assert all(
             a == 0.0 for a, b in zip(row["advantages"], traj.loss_mask, strict=True) if not b
         )
+
+
+# -- bad files and runs with nothing to use ---------------------------------------------------
+
+
+def one_error_line(capsys) -> str:
+    err = capsys.readouterr().err
+    lines = [line for line in err.splitlines() if line.strip()]
+    assert len(lines) == 1 and lines[0].startswith("error: ") and "Traceback" not in err
+    return lines[0].removeprefix("error: ")
+
+
+def test_a_file_that_is_not_parquet_is_named(run_dir, capsys):
+    source = run_dir / "trajectories.parquet"
+    source.write_text("id,reward\n1,0.5\n")
+    assert main(["experience", str(run_dir)]) == 2
+    assert one_error_line(capsys).startswith(f"{source} is not a Parquet file (")
+
+
+def test_wrong_schema_parquet_names_the_columns(run_dir, capsys):
+    source = run_dir / "trajectories.parquet"
+    table = pq.read_table(source)
+    pq.write_table(table.drop_columns(["loss_mask", "status"]), source)
+    assert main(["experience", str(run_dir)]) == 2
+    assert one_error_line(capsys) == (
+        f"{source} is not a loomrl trajectories file: it lacks columns ['loss_mask', 'status'] "
+        "(schema in docs/parquet.md)"
+    )
+    index = table.schema.get_field_index("reward")
+    pq.write_table(table.set_column(index, "reward", table.column("reward").cast("string")), source)
+    assert main(["experience", str(run_dir)]) == 2
+    assert one_error_line(capsys) == (
+        f"{source}: column 'reward' is string, not double (schema in docs/parquet.md)"
+    )
+    assert not (run_dir / "experience.parquet").exists()
+
+
+def test_files_from_before_the_span_columns_still_load(run_dir):
+    source = run_dir / "trajectories.parquet"
+    table = pq.read_table(source)
+    old = ["span_starts", "span_ends", "span_versions", "finish_reasons"]
+    pq.write_table(table.drop_columns(old), source)
+    assert main(["experience", str(run_dir), "--estimator", "rloo"]) == 0
+
+
+@pytest.mark.parametrize(
+    "extra, message",
+    [
+        (
+            ["--option", "scale=bogus"],
+            "estimator 'grpo' with options {'scale': 'bogus'}: scale must be 'group', 'batch' "
+            "or 'none', got 'bogus'",
+        ),
+        (["--option", "eps=x"], "estimator 'grpo' with options {'eps': 'x'}: unsupported"),
+        (["--estimator", "nope"], "unknown advantage estimator 'nope'; known: gae, grpo"),
+    ],
+)
+def test_options_are_checked_before_the_run_is_read(tmp_path, capsys, extra, message):
+    missing = tmp_path / "no-such-run"  # the request is refused before the run is looked at
+    assert main(["experience", str(missing), *extra]) == 2
+    assert one_error_line(capsys).startswith(message)
+
+
+def test_a_run_whose_trajectories_all_failed_exits_with_the_reason(tmp_path, capsys):
+    failed = [
+        make_traj(0, 0, float("nan"), [1], status=Status.ERROR),
+        make_traj(0, 1, float("nan"), [1], status=Status.ENV_TIMEOUT),
+        make_traj(1, 0, float("nan"), [1, 1], status=Status.ERROR),
+    ]
+    write_run(tmp_path / "run", failed, {}, {"env": "hand"})
+    assert main(["experience", str(tmp_path / "run")]) == 2
+    source = tmp_path / "run" / "trajectories.parquet"
+    assert one_error_line(capsys) == (
+        f"{source}: no usable trajectory: all 3 ended as aborted/env_timeout/error "
+        "(1 env_timeout, 2 error); see their 'error' column"
+    )
+    assert not (tmp_path / "run" / "experience.parquet").exists()
+
+
+def test_a_run_left_empty_by_drop_zero_variance_exits_with_the_reason(tmp_path, capsys):
+    flat_groups = [make_traj(g, k, 1.0, [1]) for g in range(2) for k in range(2)]
+    flat_groups.append(make_traj(2, 0, float("nan"), [1], status=Status.ERROR))
+    write_run(tmp_path / "run", flat_groups, {}, {"env": "hand"})
+    argv = ["experience", str(tmp_path / "run"), "--drop-zero-variance"]
+    assert main(argv) == 2
+    assert one_error_line(capsys).endswith(
+        "no usable trajectory: --drop-zero-variance dropped all 2 groups (every group's "
+        "rewards agree) and 1 trajectories failed"
+    )
+    assert main(argv[:-1]) == 0  # without the flag the same run is usable

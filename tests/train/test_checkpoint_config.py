@@ -5,6 +5,7 @@
 from __future__ import annotations
 
 import io
+import json
 import random
 import tomllib
 from pathlib import Path
@@ -17,13 +18,14 @@ from transformers import AutoModelForCausalLM
 
 from loomrl.models import resolve
 from loomrl.train.checkpoint import (
+    CheckpointError,
     latest_checkpoint,
     list_checkpoints,
     load_learner_state,
     save_checkpoint,
 )
 from loomrl.train.command import report, table
-from loomrl.train.config import TrainConfig
+from loomrl.train.config import TrainConfig, extend_steps
 from loomrl.train.learner import LearnerConfig
 
 EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "arith-grpo.toml"
@@ -107,6 +109,77 @@ def test_the_saved_model_directory_loads_with_the_same_weights(tmp_path, model, 
     assert (checkpoint.model_dir / "model.safetensors").is_file()
 
 
+def test_pruning_touches_only_the_writers_checkpoints(tmp_path, model, tokenizer):
+    """Another run's checkpoints in the same directory (left by a crash, or copied in) are
+    never pruned, however old; each run keeps its own newest ``keep``."""
+    save_checkpoint(tmp_path, 1, model, tokenizer, {}, run_id="old")
+    save_checkpoint(tmp_path, 2, model, tokenizer, {}, run_id="old")
+    for step in (3, 4, 5):
+        save_checkpoint(tmp_path, step, model, tokenizer, {}, run_id="new")
+    owners = {c.step: c.run_id for c in list_checkpoints(tmp_path)}
+    assert owners == {1: "old", 2: "old", 4: "new", 5: "new"}
+    with pytest.raises(CheckpointError, match="belongs to another run"):
+        save_checkpoint(tmp_path, 2, model, tokenizer, {}, run_id="new")
+    assert list_checkpoints(tmp_path)[1].run_id == "old"
+
+
+def test_checkpoint_files_are_plain_data_for_weights_only_loading(tmp_path, model, tokenizer):
+    checkpoint = save_checkpoint(tmp_path, 1, model, tokenizer, {"steps": 1}, run_id="r")
+    rng = torch.load(checkpoint.path / "rng.pt", weights_only=True)
+    assert isinstance(rng["torch"], torch.Tensor)
+    version, internal, gauss = rng["python"]
+    assert (version, tuple(internal), gauss) == random.getstate()  # unchanged since the save
+    assert torch.load(checkpoint.path / "learner.pt", weights_only=True) == {"steps": 1}
+    assert json.loads((checkpoint.path / "state.json").read_text()) == {"step": 1, "run_id": "r"}
+
+
+class Payload:
+    """Unpickling this calls ``Path.write_text`` on a marker: code run by opening a file."""
+
+    def __init__(self, marker):
+        self.marker = marker
+
+    def __reduce__(self):
+        return (Path.write_text, (Path(self.marker), "pwned"))
+
+
+@pytest.mark.parametrize("name", ["learner.pt", "rng.pt"])
+def test_a_malicious_file_is_refused_without_running_it(tmp_path, model, tokenizer, name):
+    checkpoint = save_checkpoint(tmp_path, 1, model, tokenizer, {"steps": 1})
+    marker = tmp_path / "marker"
+    torch.save({"steps": Payload(marker)}, checkpoint.path / name)
+    state_before = (torch.get_rng_state(), random.getstate())
+    with pytest.raises(CheckpointError, match=f"{checkpoint.path / name} is not a loomrl"):
+        load_learner_state(checkpoint)
+    assert not marker.exists()
+    # nothing was restored from a half-checked checkpoint
+    assert torch.equal(torch.get_rng_state(), state_before[0])
+    assert random.getstate() == state_before[1]
+
+
+@pytest.mark.parametrize(
+    "text, message",
+    [
+        ('{"run_id": "x"}', "has no 'step': not a complete checkpoint"),
+        ("not json", "has no 'step': not a complete checkpoint"),
+        ('{"step": "3"}', "'step' must be a non-negative integer, got '3'"),
+    ],
+)
+def test_a_state_json_without_a_step_is_named(tmp_path, model, tokenizer, text, message):
+    checkpoint = save_checkpoint(tmp_path, 1, model, tokenizer, {})
+    (checkpoint.path / "state.json").write_text(text)
+    with pytest.raises(CheckpointError, match=message) as info:
+        list_checkpoints(tmp_path)
+    assert str(checkpoint.path / "state.json") in str(info.value)
+
+
+def test_a_missing_checkpoint_file_is_named(tmp_path, model, tokenizer):
+    checkpoint = save_checkpoint(tmp_path, 1, model, tokenizer, {})
+    (checkpoint.path / "rng.pt").unlink()
+    with pytest.raises(CheckpointError, match=r"rng\.pt is missing: the checkpoint is incomplete"):
+        load_learner_state(checkpoint)
+
+
 # -- TrainConfig ------------------------------------------------------------------------------
 
 
@@ -170,6 +243,17 @@ def test_learner_config_maps_every_field():
     assert config.model_copy(update={"cosine_decay": False}).learner().total_steps == 0
     assert TrainConfig(is_cap=None).learner().is_cap is None
     assert TrainConfig().learner().autocast == "bfloat16"
+
+
+def test_extend_steps_changes_only_steps_and_says_so(tmp_path):
+    path = tmp_path / "config.toml"
+    path.write_text('env = "arith"\nsteps = 4\nlr = 0.5\n\n[env_args]\nsteps = 9\n')
+    assert extend_steps(path, 6) == 4
+    extend_steps(path, 8)
+    text = path.read_text()
+    assert tomllib.loads(text) == {"env": "arith", "steps": 8, "lr": 0.5, "env_args": {"steps": 9}}
+    comments = [line for line in text.splitlines() if line.startswith("#")]
+    assert [c.split(":")[0] for c in comments] == ["# steps 4 -> 6", "# steps 6 -> 8"]
 
 
 # -- report and table -------------------------------------------------------------------------

@@ -1,0 +1,7 @@
+"""``python -m loomrl.cli``: the ``loomrl`` command."""
+
+import sys
+
+from loomrl.cli import main
+
+sys.exit(main())

@@ -1,0 +1,134 @@
+"""Checks the commands run before any engine starts: configs from files and flags, model
+specs, environments and their arguments, engine arguments, and a resumed run's flags
+against what it recorded. Each failure is one line naming the file, flag or field."""
+
+from __future__ import annotations
+
+import dataclasses
+import inspect
+import json
+from collections.abc import Iterable, Mapping
+from pathlib import Path
+from typing import Any, TypeVar
+
+from pydantic import BaseModel, ValidationError
+
+from loomrl.cli.output import UsageError
+from loomrl.config import describe
+from loomrl.models import check_spec
+
+Config = TypeVar("Config", bound=BaseModel)
+
+# Set by the engine from the config's own fields; engine_args may not set them again.
+RESERVED_ENGINE_ARGS = {
+    "model": "model", "max_model_len": "max_len", "seed": "seed",
+    "policy_version": "(the trainer)", "disable_log_stats": "(loomrl)",
+}  # fmt: skip
+
+
+def flag(name: str) -> str:
+    return "--" + name.replace("_", "-")
+
+
+def given(overrides: Mapping[str, Any]) -> dict[str, Any]:
+    """The overrides the user actually passed (flags left out are None)."""
+    return {k: v for k, v in overrides.items() if v is not None}
+
+
+def load_config(cls: type[Config], path: Path | None, overrides: Mapping[str, Any]) -> Config:
+    """``cls.load(path, overrides)`` with a refusal as one line naming the file or flag."""
+    try:
+        return cls.load(path, dict(overrides))  # type: ignore[attr-defined]
+    except ValidationError as exc:
+        flags = {k: f"{flag(k)} {v}" for k, v in given(overrides).items()}
+        raise UsageError(describe(exc, path, flags, cls)) from None
+
+
+def check_model(spec: str) -> None:
+    check_spec(spec)
+
+
+def check_envs(envs: Iterable[tuple[str, Mapping[str, Any]]]) -> None:
+    """Build each environment once with its arguments: an unknown name, an argument it
+    does not take or of the wrong type, or a value it refuses stops here."""
+    from loomrl.envs import load as load_env
+
+    for name, env_args in envs:
+        load_env(name, **env_args)
+
+
+def check_engine_args(engine_args: Mapping[str, Any], source: str) -> None:
+    """``engine_args`` must be ``VLLMEngine`` or vLLM engine arguments that loomrl does
+    not already set from the config (checked only where vLLM is installed)."""
+    reserved = sorted(set(engine_args) & set(RESERVED_ENGINE_ARGS))
+    if reserved:
+        instead = ", ".join(f"{k} (set by {RESERVED_ENGINE_ARGS[k]})" for k in reserved)
+        raise UsageError(f"{source}: engine_args may not set {instead}")
+    if not engine_args:
+        return
+    known = _engine_arg_names()
+    unknown = sorted(set(engine_args) - known) if known else []
+    if unknown:
+        raise UsageError(
+            f"{source}: engine_args {unknown} are neither VLLMEngine nor vLLM engine arguments"
+        )
+
+
+def _engine_arg_names() -> set[str]:
+    """Keyword arguments of ``VLLMEngine`` and fields of vLLM's ``AsyncEngineArgs``
+    (empty when vLLM is not installed: then nothing can be checked)."""
+    try:
+        from vllm.engine.arg_utils import AsyncEngineArgs
+
+        from loomrl.engines.vllm import VLLMEngine
+    except ImportError:
+        return set()
+    own = inspect.signature(VLLMEngine).parameters.values()
+    names = {p.name for p in own if p.kind is p.KEYWORD_ONLY}
+    return names | {f.name for f in dataclasses.fields(AsyncEngineArgs)}
+
+
+def check_agrees(
+    recorded: Config,
+    run_dir: Path,
+    file: Path | None,
+    overrides: Mapping[str, Any],
+    skip: tuple[str, ...] = ("out",),
+) -> Config:
+    """What ``--resume RUN_DIR`` with ``file`` and ``overrides`` asks for, refused (naming
+    each field) where it disagrees with the config the run recorded; fields in ``skip``
+    are not compared. Returns the asked config."""
+    from loomrl.runs import toml_ready
+
+    cls = type(recorded)
+    if file is not None:
+        asked = load_config(cls, file, overrides)
+    else:
+        try:
+            asked = cls.model_validate({**recorded.model_dump(), **given(overrides)})
+        except ValidationError as exc:
+            flags = {k: f"{flag(k)} {v}" for k, v in given(overrides).items()}
+            raise UsageError(describe(exc, None, flags, cls)) from None
+    # Compared as config.toml records them (secrets redacted alike on both sides).
+    mine = toml_ready(asked.model_dump(mode="json"))
+    theirs = toml_ready(recorded.model_dump(mode="json"))
+    wrong = []
+    for name in cls.model_fields:
+        if name in skip or mine.get(name) == theirs.get(name):
+            continue
+        where = flag(name) if name in given(overrides) else str(file)
+        wrong.append(
+            f"{where} sets {name} = {_shown(mine.get(name))}, "
+            f"the run has {_shown(theirs.get(name))}"
+        )
+    if wrong:
+        raise UsageError(
+            f"--resume continues {run_dir} as configured in {run_dir / 'config.toml'}: "
+            f"{'; '.join(wrong)} (drop the flag or make it agree)"
+        )
+    return asked
+
+
+def _shown(value: Any) -> str:
+    text = json.dumps(value)
+    return text if len(text) <= 60 else text[:57] + "..."

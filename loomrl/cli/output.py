@@ -1,0 +1,59 @@
+"""What the commands print: a Rich console for results, one plain line for an error.
+
+An error is never Rich markup: a message holding ``[train]`` or ``[/x]`` (a path, a TOML
+table, a user's string) prints exactly as written, on stderr, so it also reaches a user
+who redirects the results.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import sqlite3
+import sys
+
+from pydantic import ValidationError
+from rich.console import Console
+
+from loomrl.config import describe
+
+console = Console()
+
+
+class UsageError(Exception):
+    """A request the command refuses, already phrased as one line for the terminal."""
+
+
+# What bad input raises: library errors that name what was wrong (ModelError, RunDirError,
+# CheckpointError, ConfigError, EnvArgsError and TOML errors are ValueErrors), files that
+# are not there or not readable, and a replay-buffer log that is not a database.
+USER_ERRORS: tuple[type[BaseException], ...] = (
+    UsageError, ValueError, ValidationError, FileNotFoundError, NotADirectoryError,
+    IsADirectoryError, FileExistsError, PermissionError, sqlite3.DatabaseError,
+)  # fmt: skip
+
+
+def one_line(exc: BaseException) -> str:
+    """The message of a user error as one line (OS errors name their file)."""
+    if isinstance(exc, ValidationError):
+        text = describe(exc, None)
+    elif isinstance(exc, OSError) and exc.filename is not None and exc.strerror:
+        text = f"{exc.filename}: {exc.strerror}"
+    else:
+        text = str(exc) or type(exc).__name__
+    return re.sub(r"\s*\n\s*", " ", text.strip())
+
+
+def print_error(message: str) -> None:
+    """``error: message`` on stderr, plain text (no markup, no colour codes)."""
+    print(f"error: {message}", file=sys.stderr, flush=True)
+
+
+def print_note(message: str) -> None:
+    """``note: message`` on stderr, plain text: something the user should know."""
+    print(f"note: {message}", file=sys.stderr, flush=True)
+
+
+def debugging() -> bool:
+    """``LOOMRL_DEBUG=1`` shows the traceback behind a one-line error."""
+    return os.environ.get("LOOMRL_DEBUG", "") not in ("", "0")

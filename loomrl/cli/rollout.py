@@ -1,0 +1,98 @@
+"""``loomrl rollout``: a model plays an environment into a run directory; ``--resume``
+continues a killed one, ``--overwrite`` replaces one."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+from pathlib import Path
+from typing import Any
+
+from loomrl.cli.checks import check_agrees, check_engine_args, check_envs, check_model, load_config
+from loomrl.cli.output import UsageError, console
+from loomrl.config import RolloutConfig
+from loomrl.models import DEFAULT_MODEL
+
+FLAGS = (
+    "env", "model", "examples", "n", "max_turns", "max_len", "max_tokens", "temperature",
+    "concurrency", "seed", "mode", "out",
+)  # fmt: skip
+
+
+def add_parser(sub: Any) -> None:
+    roll = sub.add_parser("rollout", help="roll out a model in an environment; write a run dir")
+    roll.add_argument("--config", type=Path, help="TOML file (flags override it)")
+    roll.add_argument("--env", help="environment name (default guess_number)")
+    roll.add_argument("--model", help=f"model spec (default {DEFAULT_MODEL})")
+    roll.add_argument("--examples", type=int, help="number of examples (default 8)")
+    roll.add_argument("--n", type=int, help="samples per example (default 4)")
+    roll.add_argument("--max-turns", type=int, help="turn limit (default: the env's)")
+    roll.add_argument("--max-len", type=int, help="prompt + completion tokens (default 2048)")
+    roll.add_argument("--max-tokens", type=int, help="tokens per turn (default 64)")
+    roll.add_argument("--temperature", type=float)
+    roll.add_argument("--concurrency", type=int)
+    roll.add_argument("--seed", type=int)
+    roll.add_argument("--mode", choices=["continuous", "turn_sync"])
+    roll.add_argument("--out", type=Path, help="run directory (default runs/rollout-TIME)")
+    roll.add_argument(
+        "--resume", type=Path, metavar="RUN_DIR",
+        help="continue a killed or interrupted run in RUN_DIR (keeps finished groups and "
+        "continues in-flight trajectories from their last turn); flags must agree with it",
+    )  # fmt: skip
+    roll.add_argument(
+        "--overwrite", action="store_true",
+        help="replace the run already in --out (its files are removed)",
+    )  # fmt: skip
+    roll.set_defaults(func=cmd_rollout)
+
+
+def requested(args: argparse.Namespace) -> RolloutConfig:
+    """The run's config from ``--config``, the flags, or (``--resume``) the run's own
+    ``config.toml``, which flags may repeat but not contradict."""
+    from loomrl.rollout_cli import resume_config
+    from loomrl.rundir import BUFFER, check_buffer
+
+    overrides = {name: getattr(args, name) for name in FLAGS}
+    if args.resume is None:
+        return load_config(RolloutConfig, args.config, overrides)
+    if args.out is not None:
+        raise UsageError(
+            f"--out and --resume both name a run directory; --resume {args.resume} "
+            "continues that run in place (drop --out)"
+        )
+    if args.overwrite:
+        raise UsageError("--overwrite starts a run over; --resume continues one: pick one")
+    recorded = resume_config(args.resume)
+    check_agrees(recorded, args.resume, args.config, overrides)
+    check_buffer(args.resume / BUFFER)
+    return recorded
+
+
+def cmd_rollout(args: argparse.Namespace) -> int:
+    from loomrl.rollout_cli import default_out, run_rollout, sample_panel, summary_table
+    from loomrl.rundir import check_new_run
+
+    config = requested(args)
+    if args.resume is None and config.out is not None:
+        check_new_run(config.out, "rollout", overwrite=args.overwrite)
+    source = str(args.config or (args.resume / "config.toml" if args.resume else "flags"))
+    check_model(config.model)
+    check_envs([(config.env, config.env_args)])
+    check_engine_args(config.engine_args, source)
+    if config.out is None:
+        config = config.model_copy(update={"out": default_out()})
+    try:
+        out, results = asyncio.run(
+            run_rollout(config, console, resume=args.resume is not None, overwrite=args.overwrite)
+        )
+    except KeyboardInterrupt:
+        resumable = config.mode == "continuous" and (config.out / "config.toml").is_file()
+        hint = f"continue with `loomrl rollout --resume {config.out}`" if resumable else ""
+        raise KeyboardInterrupt(hint) from None
+    console.print(sample_panel(max(results, key=lambda t: (t.reward, -t.example_id))))
+    console.print(summary_table(results.metrics.as_dict(), out))
+    console.print(
+        f"wrote {out}/trajectories.parquet, metrics.json, config.toml, report.md",
+        markup=False, highlight=False,
+    )  # fmt: skip
+    return 0

@@ -1,0 +1,158 @@
+"""``loomrl train [FILE]``: GRPO-style training on vLLM rollouts; ``--resume RUN_DIR``
+continues a run from its newest checkpoint, ``--overwrite`` replaces one.
+
+A resumed run keeps the configuration in its ``config.toml``: FILE and flags may repeat
+its values but not change them, except ``--steps``, which may raise the step count to
+train longer (recorded in ``config.toml``: the new ``steps`` and a comment line saying
+when it changed). ``steps`` in FILE is not compared: the flag is the way to extend.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import importlib.util
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from loomrl.cli.checks import check_agrees, check_engine_args, check_envs, check_model, load_config
+from loomrl.cli.output import UsageError, console, print_note
+from loomrl.models import DEFAULT_MODEL
+
+if TYPE_CHECKING:  # loomrl.train imports torch: only the train command pays for it
+    from loomrl.train.config import TrainConfig
+
+
+def add_parser(sub: Any) -> None:
+    tr = sub.add_parser("train", help="GRPO-style training on vLLM rollouts (a TOML config)")
+    tr.add_argument("config", type=Path, nargs="?", metavar="FILE", help="TrainConfig TOML")
+    tr.add_argument(
+        "--resume", type=Path, metavar="RUN_DIR",
+        help="continue RUN_DIR from its newest checkpoint, as configured in its config.toml",
+    )  # fmt: skip
+    tr.add_argument("--steps", type=int, help="optimizer steps (with --resume: train longer)")
+    tr.add_argument("--seed", type=int)
+    tr.add_argument("--model", help=f"model spec (default {DEFAULT_MODEL})")
+    tr.add_argument("--out", type=Path, help="run directory (default runs/train-TIME)")
+    tr.add_argument(
+        "--overwrite", action="store_true",
+        help="replace the run already in --out (its files, checkpoints included, are removed)",
+    )  # fmt: skip
+    tr.set_defaults(func=cmd_train)
+
+
+def requested(args: argparse.Namespace) -> tuple[TrainConfig, int | None]:
+    """The run's config, and the step count it had if ``--steps`` extends a resumed run."""
+    from loomrl.train.command import resume_config
+    from loomrl.train.config import TrainConfig
+
+    overrides = {"steps": args.steps, "seed": args.seed, "out": args.out, "model": args.model}
+    if args.resume is None:
+        return load_config(TrainConfig, args.config, overrides), None
+    if args.out is not None:
+        raise UsageError(
+            f"--out and --resume both name a run directory; --resume {args.resume} "
+            "continues that run in place (drop --out)"
+        )
+    if args.overwrite:
+        raise UsageError("--overwrite starts a run over; --resume continues one: pick one")
+    recorded = resume_config(args.resume)
+    asked = check_agrees(recorded, args.resume, args.config, overrides, skip=("out", "steps"))
+    steps = recorded.steps if args.steps is None else args.steps
+    if args.steps is None and args.config is not None and asked.steps != recorded.steps:
+        print_note(
+            f"{args.config} has steps = {asked.steps}; the run trains to its own "
+            f"{recorded.steps} (--steps N trains longer)"
+        )
+    if steps < recorded.steps:
+        raise UsageError(
+            f"--steps {steps}: a resumed run can only train longer; {args.resume} is "
+            f"configured for {recorded.steps} steps"
+        )
+    if steps > recorded.steps and recorded.cosine_decay:
+        raise UsageError(
+            f"--steps {steps}: {args.resume} decays its learning rate over {recorded.steps} "
+            "steps (cosine_decay = true); a longer run would change that schedule mid-way"
+        )
+    extended = recorded.steps if steps > recorded.steps else None
+    return recorded.model_copy(update={"steps": steps}), extended
+
+
+def check_log_to(config: TrainConfig, source: str) -> None:
+    """Each metric sink in ``log_to`` is installed (found without importing it)."""
+    for name in config.log_to:
+        if importlib.util.find_spec(name) is None:
+            raise UsageError(
+                f"{source}: log_to names {name!r} but it is not installed: "
+                f"pip install 'loomrl[{name}]'"
+            )
+
+
+def check_resumable(run_dir: Path, config: TrainConfig) -> None:
+    """The run has a checkpoint to continue from (its ``state.json`` files readable) and
+    a replay-buffer log that opens."""
+    from loomrl.rundir import BUFFER, check_buffer
+    from loomrl.train.checkpoint import list_checkpoints
+
+    if not list_checkpoints(run_dir):
+        raise UsageError(
+            f"{run_dir} has no checkpoint to resume from (the first comes after step "
+            f"{config.checkpoint_every}); start it again with `loomrl train --out {run_dir} "
+            "--overwrite`"
+        )
+    if (run_dir / BUFFER).exists():
+        check_buffer(run_dir / BUFFER)
+
+
+def cmd_train(args: argparse.Namespace) -> int:
+    from loomrl.experience.files import check_estimator
+    from loomrl.rundir import check_new_run
+    from loomrl.train.command import default_out, run_train
+    from loomrl.train.config import extend_steps
+
+    config, extended_from = requested(args)
+    if args.resume is None and config.out is not None:
+        check_new_run(config.out, "train", overwrite=args.overwrite)
+    source = str(args.config or (args.resume / "config.toml" if args.resume else "flags"))
+    check_model(config.model)
+    check_envs((name, spec.env_args) for name, spec in config.task_specs().items())
+    check_estimator(config.estimator, config.estimator_options)
+    check_engine_args(config.engine_args, source)
+    check_log_to(config, source)
+    if args.resume is not None:
+        check_resumable(args.resume, config)
+    elif config.out is None:
+        config = config.model_copy(update={"out": default_out()})
+    if extended_from is not None:
+        extend_steps(args.resume / "config.toml", config.steps)
+        print_note(f"{args.resume}: steps {extended_from} -> {config.steps} (config.toml)")
+    try:
+        out, rows = asyncio.run(
+            run_train(config, console, resume=args.resume, overwrite=args.overwrite)
+        )
+    except KeyboardInterrupt:
+        raise KeyboardInterrupt(_how_to_continue(args.resume or config.out)) from None
+    rewards = [r["reward_mean"] for r in rows]
+    if rewards:
+        first, last = rewards[:5], rewards[-5:]
+        gain = sum(last) / len(last) - sum(first) / len(first)
+        console.print(f"mean reward, last 5 steps minus first 5: {gain:+.3f}")
+    console.print(
+        f"wrote {out}/metrics.jsonl, trajectories/, checkpoints/, report.md",
+        markup=False, highlight=False,
+    )  # fmt: skip
+    return 0
+
+
+def _how_to_continue(out: Path | None) -> str:
+    from loomrl.train.checkpoint import CheckpointError, list_checkpoints
+
+    if out is None:
+        return ""
+    try:
+        resumable = bool(list_checkpoints(out))
+    except CheckpointError:
+        resumable = False
+    if resumable:
+        return f"continue with `loomrl train --resume {out}`"
+    return f"no checkpoint yet: start again with `--out {out} --overwrite`"

@@ -1,0 +1,77 @@
+"""Command-line tests run ``loomrl.cli.main`` in this process. No test may start vLLM:
+``no_vllm`` replaces every engine factory the commands use with one that fails the test,
+so a user error must be reported before any engine is asked for; ``scripted`` replaces
+them with scripted engines over the real tokenizer for the runs that should succeed."""
+
+from __future__ import annotations
+
+import itertools
+from dataclasses import dataclass
+
+import pytest
+
+from loomrl import rollout_cli
+from loomrl.cli import generate, main
+from loomrl.engines import ScriptedEngine
+from loomrl.train import loop
+
+
+@dataclass
+class Result:
+    code: int
+    out: str
+    err: str
+
+    @property
+    def error(self) -> str:
+        """The one error line (asserting there is exactly one, plain, with no traceback)."""
+        lines = [line for line in self.err.splitlines() if line.strip()]
+        assert len(lines) == 1, self.err
+        assert lines[0].startswith("error: "), self.err
+        assert "Traceback" not in self.out + self.err
+        return lines[0].removeprefix("error: ")
+
+
+@pytest.fixture
+def cli(capsys):
+    def run(*argv: object) -> Result:
+        code = main([str(a) for a in argv])
+        captured = capsys.readouterr()
+        return Result(code, captured.out, captured.err)
+
+    return run
+
+
+def _refuse(*_args, **_kwargs):
+    pytest.fail("an engine was started although the command should have stopped first")
+
+
+@pytest.fixture(autouse=True)
+def no_vllm(monkeypatch):
+    """Every engine factory of the commands fails the test (autouse: a test that wants an
+    engine asks for ``scripted``, which replaces these)."""
+    monkeypatch.setattr(rollout_cli, "vllm_engine", _refuse)
+    monkeypatch.setattr(loop, "engine_factory", lambda config: _refuse)
+    monkeypatch.setattr(generate, "make_engine", _refuse)
+
+
+@pytest.fixture
+def scripted(monkeypatch, tokenizer):
+    """Scripted engines for all commands; ``made`` lists them, newest last."""
+    made: list[ScriptedEngine] = []
+    answers = itertools.count()
+
+    def engine(version: int = 0) -> ScriptedEngine:
+        made.append(
+            ScriptedEngine(
+                lambda ids, params: f"Answer: {next(answers) % 5} my guess is 7",
+                tokenizer=tokenizer,
+            )
+        )
+        made[-1].set_policy_version(version)
+        return made[-1]
+
+    monkeypatch.setattr(rollout_cli, "vllm_engine", lambda config: engine())
+    monkeypatch.setattr(loop, "engine_factory", lambda config: lambda d, v: engine(v))
+    monkeypatch.setattr(generate, "make_engine", lambda model, max_len: engine())
+    return made
