@@ -80,6 +80,7 @@ class Producer:
             max_staleness=self.config.max_staleness,
         )
         self._check_resumed_groups()
+        self.buffer.bind_envs({t.name: t.env for t in tasks})  # env states as data
         # Tail groups of a resumed buffer still run to the end without expiry.
         self.gate.exempt = {g.group_id for g in self.buffer.groups.values() if g.tail}
         self.contexts: dict[str, RolloutContext] = {}
@@ -183,7 +184,8 @@ class Producer:
         room = self.buffer.room()
         if not self._may_draw() or (room is not None and room <= 0):
             return None
-        open_tasks = {n: self.tasks[n].weight for n in self._tasks_with_examples()}
+        with_examples = self._tasks_with_examples()  # a set: ties go by the tasks' order
+        open_tasks = {n: t.weight for n, t in self.tasks.items() if n in with_examples}
         # By groups that can still be trained on: a filtered or failed group is replaced
         # by one of its own task, else the task would lack its share of every batch.
         counts = {n: self.progress.task(n) for n in open_tasks}
