@@ -30,11 +30,11 @@ from loomrl.producer.records import (
     state_to_json,
     stop_from_json,
     stop_to_json,
-    traj_from_json,
-    traj_to_json,
+    traj_from_row,
+    traj_to_row,
 )
 
-#: 1: samples were pickles (refused: unpickling runs code); 2: JSON text.
+#: 1: samples were pickles (refused: unpickling runs code); 2: data (see ``records``).
 FORMAT = 2
 
 _SCHEMA = """
@@ -45,7 +45,7 @@ CREATE TABLE groups (
 );
 CREATE TABLE samples (
     group_id INTEGER NOT NULL, sample_index INTEGER NOT NULL, traj TEXT NOT NULL,
-    stop TEXT, done INTEGER NOT NULL, hook TEXT, state TEXT,
+    tokens BLOB NOT NULL, stop TEXT, done INTEGER NOT NULL, hook TEXT, state TEXT,
     PRIMARY KEY (group_id, sample_index)
 );
 CREATE TABLE meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
@@ -54,9 +54,9 @@ _TABLES = {"groups", "samples", "meta"}
 _STATUSES = tuple(str(s) for s in GroupStatus)
 _BAD_SAMPLE = """
 SELECT group_id, sample_index FROM samples WHERE typeof(traj) != 'text' OR NOT json_valid(traj)
-    OR typeof(stop) NOT IN ('text', 'null') OR typeof(state) NOT IN ('text', 'null')
-    OR typeof(hook) NOT IN ('text', 'null') OR typeof(group_id) != 'integer'
-    OR typeof(sample_index) != 'integer' LIMIT 1
+    OR typeof(tokens) != 'blob' OR typeof(stop) NOT IN ('text', 'null')
+    OR typeof(state) NOT IN ('text', 'null') OR typeof(hook) NOT IN ('text', 'null')
+    OR typeof(group_id) != 'integer' OR typeof(sample_index) != 'integer' LIMIT 1
 """
 _BAD_GROUP = f"""
 SELECT group_id FROM groups WHERE typeof(example) != 'text' OR typeof(task) != 'text'
@@ -144,9 +144,9 @@ class BufferLog:
         when it could not be saved (None otherwise)."""
         where = f"{self.path}: group {group_id} sample {index}"
         try:
-            traj = traj_to_json(sample.traj)
-        except (TypeError, ValueError) as exc:  # e.g. an object in the messages
-            raise ValueError(f"{where}: the trajectory is not JSON data: {exc}") from None
+            traj, tokens = traj_to_row(sample.traj)
+        except (TypeError, ValueError, OverflowError) as exc:  # e.g. an object in messages
+            raise ValueError(f"{where}: the trajectory cannot be saved as data: {exc}") from None
         hook = data = problem = None
         if state and sample.state is not None:
             try:
@@ -155,9 +155,12 @@ class BufferLog:
                 problem = f"{type(exc).__name__}: {exc}"
         with self.transaction():
             self._db.execute(
-                "INSERT OR REPLACE INTO samples VALUES (?,?,?,?,?,?,?)",
-                (group_id, index, traj, stop_to_json(sample.stop), int(sample.done), hook, data),
-            )
+                "INSERT OR REPLACE INTO samples VALUES (?,?,?,?,?,?,?,?)",
+                (
+                    group_id, index, traj, tokens, stop_to_json(sample.stop), int(sample.done),
+                    hook, data,
+                ),
+            )  # fmt: skip
         return problem
 
     def drop_samples(self, group_id: int, index: int | None = None) -> None:
@@ -215,7 +218,8 @@ class BufferLog:
             args.append(consumed_since)
         state = "s.hook, s.state" if states else "NULL, NULL"
         rows = self._db.execute(
-            f"SELECT g.*, s.sample_index, s.traj, s.stop, s.done, {state} FROM groups g "
+            f"SELECT g.*, s.sample_index, s.traj, s.tokens, s.stop, s.done, {state} "
+            "FROM groups g "
             "LEFT JOIN samples s ON s.group_id = g.group_id "
             f"{'WHERE ' + ' AND '.join(where) if where else ''} "
             "ORDER BY g.group_id, s.sample_index",
@@ -272,8 +276,9 @@ class BufferLog:
         bad = self._db.execute(_BAD_SAMPLE).fetchone()
         if bad is not None:
             raise BufferLogError(
-                f"{self.path}: group {bad[0]!r} sample {bad[1]!r} is not JSON text "
-                "(was the file written by something else?); nothing in it was read"
+                f"{self.path}: group {bad[0]!r} sample {bad[1]!r} is not JSON text and "
+                "packed arrays (was the file written by something else?); nothing in it "
+                "was read"
             )
         bad = self._db.execute(_BAD_GROUP, _STATUSES).fetchone()
         if bad is not None:
@@ -296,9 +301,9 @@ class BufferLog:
             raise BufferLogError(f"{self.path}: group {gid!r} has a malformed row: {exc}") from None
 
     def _sample(self, gid: int, row: tuple[Any, ...], env: Environment | None) -> Sample:
-        index, traj, stop, done, hook, state = row
+        index, traj, tokens, stop, done, hook, state = row
         try:
-            sample = Sample(traj_from_json(traj), None, stop_from_json(stop), bool(done))
+            sample = Sample(traj_from_row(traj, tokens), None, stop_from_json(stop), bool(done))
             if state is not None:
                 sample.state = state_from_json(hook, state, env)
         except Exception as exc:  # json, the checks, or an env's own load_state_dict

@@ -235,3 +235,15 @@ def test_every_change_is_logged_with_the_progress(buffers):
     ]  # fmt: skip
     assert reopened.groups[2].attempts == 1 and reopened.groups[2].samples == {}
     check_counts(reopened)
+
+
+def test_a_rubric_env_saves_states_through_the_wrapped_envs_hooks(buffers):
+    from loomrl.producer.records import OWN, state_from_json, state_to_json
+    from loomrl.rewards.rubric import Rubric, RubricEnv
+
+    env = RubricEnv(Hooked(), Rubric({"one": (lambda s: 1.0, 1.0)}))
+    state = env.reset(examples(1)[0])
+    hook, text = state_to_json(state, env)
+    assert hook == OWN and "saved_by" in text
+    back = state_from_json(hook, text, env)
+    assert back.messages == state.messages and "lock" in back.data

@@ -6,6 +6,7 @@ round-trip exactly, floats bit for bit, tuples as tuples."""
 from __future__ import annotations
 
 import dataclasses
+import json
 import math
 import os
 import pickle
@@ -21,7 +22,7 @@ from test_buffer import add_group, complete, make_traj
 from loomrl.envs.base import Environment, EnvState, check_plain
 from loomrl.producer import GroupStatus, ReplayBuffer, Sample
 from loomrl.producer.log import BufferLog, BufferLogError, read_log
-from loomrl.producer.records import _READERS, traj_from_json, traj_to_json
+from loomrl.producer.records import _READERS, TOKEN_FIELDS, traj_from_row, traj_to_row
 from loomrl.types import Status, Trajectory
 
 
@@ -84,9 +85,9 @@ def test_garbage_bytes_and_text_are_refused(tmp_path):
 def test_a_row_of_the_wrong_shape_names_its_field(tmp_path):
     path = tmp_path / "buffer.sqlite"
     make_log(path)
-    bad = '{"example_id":1,"group_id":1,"sample_index":0,"env":"t","logprobs":["x"]}'
+    bad = '{"example_id":1,"group_id":1,"sample_index":0,"env":"t","span_versions":["x"]}'
     poke(path, "UPDATE samples SET traj=? WHERE group_id=1", bad)
-    with pytest.raises(BufferLogError, match=r"group 1 sample 0 .*'logprobs': expected a num"):
+    with pytest.raises(BufferLogError, match=r"group 1 .*'span_versions': expected an integer"):
         ReplayBuffer(path)  # a pending group: read when the buffer opens
     # A consumed group is read when asked for, with the same kind of error.
     make_log(path := tmp_path / "other.sqlite")
@@ -173,8 +174,8 @@ def rich_traj() -> Trajectory:
 
 def test_every_trajectory_field_round_trips_exactly(tmp_path):
     traj = rich_traj()
-    assert {f.name for f in dataclasses.fields(Trajectory)} == _READERS.keys()
-    back = traj_from_json(traj_to_json(traj))
+    assert {f.name for f in dataclasses.fields(Trajectory)} == _READERS.keys() | {*TOKEN_FIELDS}
+    back = traj_from_row(*traj_to_row(traj))
     assert back == traj
     assert all(type(s) is tuple for s in back.spans) and type(back.status) is Status
     assert math.copysign(1, back.reward_components["fmt"]) == -1  # -0.0 kept
@@ -189,25 +190,48 @@ def test_every_trajectory_field_round_trips_exactly(tmp_path):
     log.close()
 
 
-def test_non_finite_floats_are_written_as_standard_json_and_read_back():
+def test_non_finite_floats_are_kept_and_the_json_stays_standard():
     traj = rich_traj()
-    traj.logprobs = [-math.inf, 0.0, math.nan, -1.0, math.inf]
-    traj.reward, traj.timings = math.nan, {"x": -math.inf}
-    text = traj_to_json(traj)
-    assert "NaN" not in text.replace('"NaN"', "") and "Infinity," not in text
-    back = traj_from_json(text)
-    assert back.logprobs[0] == -math.inf and back.logprobs[4] == math.inf
-    assert math.isnan(back.logprobs[2]) and math.isnan(back.reward)
+    traj.logprobs = [-math.inf, -0.0, math.nan, -1.0, math.inf]
+    traj.reward, traj.timings, traj.turn_rewards = math.nan, {"x": -math.inf}, [math.inf]
+    text, tokens = traj_to_row(traj)
+
+    def refuse(token):
+        raise AssertionError(f"{token} in the JSON")
+
+    json.loads(text, parse_constant=refuse)  # no NaN / Infinity tokens: standard JSON
+    back = traj_from_row(text, tokens)
+    bits = [struct.pack("<d", x) for x in back.logprobs]
+    assert bits == [struct.pack("<d", x) for x in traj.logprobs]  # the same IEEE-754 bits
+    assert math.isnan(back.reward) and back.turn_rewards == [math.inf]
     assert back.timings == {"x": -math.inf}
 
 
 @settings(max_examples=200, deadline=None)
-@given(st.lists(st.floats(allow_nan=False), max_size=50), st.floats(allow_nan=False))
+@given(st.lists(st.floats(), max_size=50), st.floats(allow_nan=False))
 def test_floats_round_trip_bit_for_bit(logprobs, reward):
     traj = Trajectory(0, 0, 0, "e", logprobs=logprobs, reward=reward)
-    back = traj_from_json(traj_to_json(traj))
+    back = traj_from_row(*traj_to_row(traj))
     bits = lambda xs: [struct.pack("<d", x) for x in xs]  # noqa: E731
     assert bits(back.logprobs) == bits(logprobs) and bits([back.reward]) == bits([reward])
+
+
+def test_packed_token_arrays_are_checked_against_their_header(tmp_path):
+    path, marker = tmp_path / "buffer.sqlite", tmp_path / "ran"
+    make_log(path)
+    poke(path, "UPDATE samples SET tokens=? WHERE group_id=1", pickle.dumps(Payload(str(marker))))
+    with pytest.raises(BufferLogError, match="group 1 sample 0 cannot be read: the token arrays"):
+        ReplayBuffer(path)
+    make_log(path := tmp_path / "other.sqlite")
+    _, tokens = traj_to_row(make_traj(0, 0))
+    poke(path, "UPDATE samples SET tokens=? WHERE group_id=0", tokens[:-1])
+    buffer = ReplayBuffer(path)  # group 0 is consumed: read when asked for
+    with pytest.raises(BufferLogError, match=r"group 0 sample 0 .* header \[3, 3, 3, 3\] says"):
+        buffer.trajectories()
+    buffer.close()
+    assert not marker.exists()
+    with pytest.raises(OverflowError):
+        traj_to_row(Trajectory(0, 0, 0, "e", prompt_ids=[2**31]))  # ids are int32
 
 
 def test_the_default_state_hooks_take_plain_data_only():
