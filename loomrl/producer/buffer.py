@@ -15,13 +15,13 @@ from __future__ import annotations
 
 import heapq
 import logging
-from collections import Counter
 from collections.abc import Collection, Iterable, Iterator, Mapping
 from contextlib import AbstractContextManager, nullcontext
 from pathlib import Path
 
 from loomrl.envs.base import Environment
 from loomrl.producer.group import FINAL, WAITING, Group, GroupStatus, Sample, SavedState
+from loomrl.producer.index import LIVE, GroupIndex
 from loomrl.producer.log import BufferLog, BufferLogError
 from loomrl.producer.progress import Progress
 from loomrl.producer.records import load_own_state
@@ -29,7 +29,6 @@ from loomrl.producer.tasks import quotas
 from loomrl.types import Trajectory
 
 logger = logging.getLogger(__name__)
-LIVE = tuple(s for s in GroupStatus if s not in FINAL)
 
 
 class BufferFull(RuntimeError):
@@ -48,10 +47,9 @@ class ReplayBuffer:
         if capacity is not None and capacity < 1:
             raise ValueError(f"capacity must be >= 1, got {capacity}")
         self.capacity = capacity
-        self.groups: dict[int, Group] = {}
         self.progress = Progress()
-        self._counts: Counter[tuple[str, GroupStatus]] = Counter()
-        self._by_status: dict[GroupStatus, dict[int, Group]] = {s: {} for s in LIVE}
+        self._index = GroupIndex()
+        self.groups = self._index.live
         self._next_id = 0
         self._envs: dict[str, Environment] = {}
         self._warned: set[str] = set()
@@ -66,12 +64,7 @@ class ReplayBuffer:
     # -- queries -----------------------------------------------------------------------
     def count(self, task: str | None = None, status: GroupStatus | str | None = None) -> int:
         """Groups ever put (of ``task``) that are now in ``status``: kept, not recounted."""
-        want = None if status is None else GroupStatus(status)
-        return sum(
-            n
-            for (name, s), n in self._counts.items()
-            if (task is None or name == task) and (want is None or s == want)
-        )
+        return self._index.count(task, None if status is None else GroupStatus(status))
 
     def live(self) -> int:
         """Groups not yet final: what ``capacity`` bounds."""
@@ -82,11 +75,11 @@ class ReplayBuffer:
 
     def waiting(self) -> list[Group]:
         """Groups to (re)start: pending, aborted or expired, tail groups first, then oldest."""
-        found = [g for s in WAITING for g in self._by_status[s].values()]
+        found = [g for s in WAITING for g in self._index.in_status(s)]
         return sorted(found, key=lambda g: (not g.tail, g.group_id))
 
     def completed(self, task: str | None = None) -> list[Group]:
-        ready = self._by_status[GroupStatus.COMPLETED].values()
+        ready = self._index.in_status(GroupStatus.COMPLETED)
         return [g for g in ready if task is None or g.task == task]
 
     def all_groups(self, statuses: Iterable[GroupStatus] | None = None) -> Iterator[Group]:
@@ -94,7 +87,7 @@ class ReplayBuffer:
         final ones read back from the log. An in-memory buffer keeps no final group:
         asking it for some that existed raises ``ValueError``."""
         wanted = set(GroupStatus) if statuses is None else {GroupStatus(s) for s in statuses}
-        live = sorted((g for s in wanted & set(LIVE) for g in self._by_status[s].values()),
+        live = sorted((g for s in wanted & set(LIVE) for g in self._index.in_status(s)),
                       key=lambda g: g.group_id)  # fmt: skip
         final = wanted & FINAL
         if not final:
@@ -152,7 +145,7 @@ class ReplayBuffer:
                 f"replay buffer is full: {self.live()} live groups, capacity {self.capacity}"
             )
         self._next_id = group.group_id + 1
-        self._enter(group)
+        self._index.add(group)
         self.progress.task(group.task).launched += 1
         self._save(group)
 
@@ -205,18 +198,18 @@ class ReplayBuffer:
         else:
             counts.failed += 1
             self._count_dropped(group)
-        self._move(group, status)
+        self._index.move(group, status)
         self._save(group, samples=True)
 
     def abort(self, group: Group) -> None:
         """Production stopped between steps; the group's checkpoints continue later."""
-        self._move(group, GroupStatus.ABORTED)
+        self._index.move(group, GroupStatus.ABORTED)
         self.progress.task(group.task).aborted += 1
         self._save(group)
 
     def restart(self, group: Group) -> None:
         """An aborted or expired group is running again."""
-        self._move(group, GroupStatus.PENDING)
+        self._index.move(group, GroupStatus.PENDING)
         self._save(group)
 
     def expire(self, step: int, max_staleness: int | None) -> list[Group]:
@@ -240,7 +233,7 @@ class ReplayBuffer:
         self._count_dropped(group)
         group.samples.clear()
         group.attempts += 1
-        self._move(group, status)
+        self._index.move(group, status)
         self._save(group, drop=-1)
 
     def get(
@@ -321,11 +314,11 @@ class ReplayBuffer:
     # -- internals -----------------------------------------------------------------------
     def _load(self, log: BufferLog) -> None:
         """Counts, next id and live groups (with samples) from ``log``."""
-        self._counts.update(log.counts())
+        self._index = GroupIndex(log.counts())
+        self.groups = self._index.live
         self._next_id = log.next_group_id()
         for group in log.iter_groups(LIVE):
-            self._by_status[group.status][group.group_id] = group
-            self.groups[group.group_id] = group
+            self._index.add(group, counted=True)
         state = log.meta("progress")
         if state is not None:
             try:
@@ -334,25 +327,6 @@ class ReplayBuffer:
                 raise BufferLogError(
                     f"{log.path}: meta 'progress' is not a progress record ({exc})"
                 ) from None
-
-    def _enter(self, group: Group) -> None:
-        """Count a group (new, or read back from the log) in its status."""
-        self._counts[group.task, group.status] += 1
-        if group.status not in FINAL:
-            self.groups[group.group_id] = group
-            self._by_status[group.status][group.group_id] = group
-
-    def _move(self, group: Group, status: GroupStatus) -> None:
-        """The one place a group's status changes: counts and memory follow it."""
-        key = (group.task, group.status)
-        self._counts[key] -= 1
-        if not self._counts[key]:
-            del self._counts[key]
-        self.groups.pop(group.group_id, None)
-        if group.status not in FINAL:
-            self._by_status[group.status].pop(group.group_id, None)
-        group.status = status
-        self._enter(group)
 
     def _consume(self, group: Group, step: int) -> None:
         group.consumed_step = step
@@ -368,7 +342,7 @@ class ReplayBuffer:
             pieces = sum(1 for reason in traj.finish_reasons if reason == "abort")
             spans = self.progress.continued_spans
             spans[pieces] = spans.get(pieces, 0) + 1
-        self._move(group, GroupStatus.CONSUMED)
+        self._index.move(group, GroupStatus.CONSUMED)
         if self.log is not None:
             self.log.save_group(group)
 
@@ -387,7 +361,7 @@ class ReplayBuffer:
                 self.progress.continued_spans, sum(1 for r in traj.finish_reasons if r == "abort")
             )
         group.consumed_step = None
-        self._move(group, GroupStatus.COMPLETED)
+        self._index.move(group, GroupStatus.COMPLETED)
         self._save(group)
 
     def _count_dropped(self, group: Group) -> None:
