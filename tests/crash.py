@@ -5,7 +5,6 @@ a resumed run's output against what the log held at the kill."""
 from __future__ import annotations
 
 import os
-import pickle
 import signal
 import sqlite3
 import subprocess
@@ -16,6 +15,7 @@ from typing import Any
 
 import pytest
 
+from loomrl.producer.log import BufferLogError, read_log
 from loomrl.types import Trajectory
 
 
@@ -28,17 +28,9 @@ class Snapshot:
 
 
 def logged(run_dir: Path) -> tuple[dict[int, str], dict[tuple[int, int], Any]]:
-    """Group statuses and unpickled samples as the log holds them right now."""
-    db = sqlite3.connect(f"file:{run_dir / 'buffer.sqlite'}?mode=ro", uri=True, timeout=5)
-    try:
-        statuses = dict(db.execute("SELECT group_id, status FROM groups"))
-        samples = {
-            (gid, index): pickle.loads(data)
-            for gid, index, data in db.execute("SELECT group_id, sample_index, data FROM samples")
-        }
-    finally:
-        db.close()
-    return statuses, samples
+    """Group statuses and samples as the log holds them right now (read as data)."""
+    statuses, samples = read_log(run_dir / "buffer.sqlite")
+    return {gid: str(status) for gid, status in statuses.items()}, samples
 
 
 def snapshot(run_dir: Path) -> Snapshot:
@@ -69,7 +61,7 @@ def kill_mid_production(
             if (run_dir / "buffer.sqlite").exists():
                 try:
                     seen = snapshot(run_dir)
-                except sqlite3.OperationalError:  # the log is being created
+                except (sqlite3.OperationalError, BufferLogError):  # being created
                     seen = Snapshot({}, {})
                 if len(seen.finished) >= 1 and len(seen.partial) >= 2:
                     os.killpg(child.pid, signal.SIGKILL)

@@ -20,6 +20,12 @@ in a worker thread so environment work never blocks the event loop. Per-episode 
 lives in ``EnvState`` (never on the environment object), so concurrent episodes of one
 environment do not interfere; ``thread_safe = False`` says ``score`` must not run
 concurrently (e.g. it drives a non-reentrant library).
+
+Checkpoints (the replay buffer's log) store a state as plain JSON data through
+``state_dict`` / ``load_state_dict`` (sync, called inline: keep them cheap). The defaults
+accept states made of dicts, lists, strings, numbers, booleans and None; an environment
+keeping other objects in ``state.data`` overrides both, or its interrupted episodes
+restart from the prompt when a run resumes.
 """
 
 from __future__ import annotations
@@ -125,6 +131,20 @@ class Environment(abc.ABC):
         """``n`` JSON-serialisable examples, deterministic in ``seed``, with ``id`` 0..n-1."""
         raise TypeError(f"environment {self.name!r} does not generate examples; pass your own")
 
+    def state_dict(self, state: EnvState) -> dict[str, Any]:
+        """``state`` as plain JSON data, so an interrupted episode can be checkpointed.
+
+        The default keeps the fields as they are and raises ``TypeError`` (naming the
+        value) when one is not plain data: a tuple, a set, an object, a non-string key.
+        Override it with ``load_state_dict`` to save such a state in your own terms.
+        """
+        return plain_state(state)
+
+    def load_state_dict(self, data: dict[str, Any]) -> EnvState:
+        """The state ``state_dict`` returned ``data`` for (the inverse; never runs code
+        named by the data). Raises ``ValueError`` when ``data`` is not such a state."""
+        return state_from_plain(data)
+
 
 async def call(fn: Callable[..., Any], /, *args: Any, **kwargs: Any) -> Any:
     """Await ``fn(*args, **kwargs)``: coroutine functions directly, sync ones in a thread.
@@ -168,6 +188,61 @@ def make_dataset(
         raise ValueError(f"dataset size must be >= 0, got {n}")
     rng = random.Random(seed)
     return [{"id": i, **make_one(rng)} for i in range(n)]
+
+
+def check_plain(value: Any, where: str = "value") -> None:
+    """Raise ``TypeError`` naming the first part of ``value`` that JSON would not give back
+    as it is: only dict (string keys), list, str, int, float, bool and None pass, exactly
+    (a tuple would come back a list, an int subclass a plain int)."""
+    todo: list[tuple[Any, str]] = [(value, where)]
+    while todo:
+        item, path = todo.pop()
+        kind = type(item)
+        if kind in _SCALARS:
+            continue
+        if kind is list:
+            todo += [(x, f"{path}[{i}]") for i, x in enumerate(item)]
+        elif kind is dict:
+            for key, x in item.items():
+                if type(key) is not str:
+                    raise TypeError(f"{path} has a key {key!r} that is not a string")
+                todo.append((x, f"{path}[{key!r}]"))
+        else:
+            raise TypeError(f"{path} is a {kind.__name__}, not plain JSON data")
+
+
+def plain_state(state: EnvState) -> dict[str, Any]:
+    """The default ``Environment.state_dict``: the fields as they are, if plain data."""
+    data = {
+        "messages": state.messages, "example": state.example, "tools": state.tools,
+        "turn": state.turn, "data": state.data,
+    }  # fmt: skip
+    for key, value in data.items():
+        check_plain(value, f"state.{key}")
+    return data
+
+
+def state_from_plain(data: dict[str, Any]) -> EnvState:
+    """The default ``Environment.load_state_dict``: checks each field's shape."""
+    if type(data) is not dict:
+        raise ValueError(f"an env state must be an object, got {type(data).__name__}")
+    expected = {"messages", "example", "tools", "turn", "data"}
+    if set(data) != expected:
+        raise ValueError(f"an env state has the fields {sorted(expected)}, got {sorted(data)}")
+    messages, tools, turn = data["messages"], data["tools"], data["turn"]
+    if type(messages) is not list or any(type(m) is not dict for m in messages):
+        raise ValueError("state.messages must be a list of objects")
+    if tools is not None and type(tools) is not list:
+        raise ValueError("state.tools must be a list or null")
+    if type(turn) is not int or turn < 0:
+        raise ValueError(f"state.turn must be an integer >= 0, got {turn!r}")
+    for key in ("example", "data"):
+        if type(data[key]) is not dict:
+            raise ValueError(f"state.{key} must be an object")
+    return EnvState(messages, data["example"], tools, turn, data["data"])
+
+
+_SCALARS = frozenset({str, int, float, bool, type(None)})
 
 
 def _finite(value: object, what: str) -> float:

@@ -39,6 +39,15 @@ FINAL = frozenset({GroupStatus.FILTERED, GroupStatus.FAILED, GroupStatus.CONSUME
 UNTRAINABLE = frozenset({Status.ERROR, Status.ENV_TIMEOUT, Status.ABORTED})
 
 
+@dataclass(frozen=True, slots=True)
+class SavedState:
+    """An env state as its environment's ``state_dict`` wrote it to the log: plain data
+    that only that environment's ``load_state_dict`` turns back into an ``EnvState``
+    (``ReplayBuffer.bind_envs`` does, before any sample continues)."""
+
+    data: dict[str, Any]
+
+
 @dataclass(slots=True)
 class Sample:
     """One sample's latest checkpoint: the trajectory so far, the env state to continue it
@@ -46,7 +55,7 @@ class Sample:
     generation, and whether it has ended."""
 
     traj: Trajectory
-    state: EnvState | None
+    state: EnvState | SavedState | None
     stop: tuple[str, ...] | None = None
     done: bool = False
 

@@ -90,6 +90,7 @@ class Producer:
             max_staleness=self.config.max_staleness,
         )
         self._check_resumed_groups()
+        self.buffer.bind_envs({t.name: t.env for t in tasks})  # env states as data
         # Tail groups of a resumed buffer still run to the end without expiry.
         self.gate.exempt = {g.group_id for g in self.buffer.groups.values() if g.tail}
         self.contexts: dict[str, RolloutContext] = {}

@@ -140,6 +140,9 @@ class RubricEnv(Environment):
         self.reset = env.reset  # type: ignore[method-assign]
         self.step = env.step  # type: ignore[method-assign]
         self.dataset = env.dataset  # type: ignore[method-assign]
+        # Checkpoints store the wrapped environment's state in its own terms.
+        self.state_dict = env.state_dict  # type: ignore[method-assign]
+        self.load_state_dict = env.load_state_dict  # type: ignore[method-assign]
 
     async def score(self, state: EnvState) -> dict[str, float]:
         (components,) = await self.score_many([state])

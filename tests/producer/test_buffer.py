@@ -44,8 +44,9 @@ def complete(
     return group
 
 
-def test_add_finish_take_and_count_by_task_and_status():
-    buffer = ReplayBuffer()
+@pytest.mark.parametrize("logged", [False, True])
+def test_add_finish_take_and_count_by_task_and_status(buffers, logged):
+    buffer = buffers("log.sqlite" if logged else None)
     groups = [add_group(buffer, task) for task in ("a", "a", "b", "a", "b")]
     assert [g.group_id for g in groups] == [0, 1, 2, 3, 4]
     assert buffer.count() == 5
@@ -80,7 +81,13 @@ def test_add_finish_take_and_count_by_task_and_status():
     assert p.staleness == {7: 2}  # consumed at step 7, made by version 0
     assert buffer.get(1, step=8) is None  # nothing completed left
     assert buffer.get(1, step=8, fill=True) == []
-    assert buffer.trajectories() == batch[0].trajectories() + batch[1].trajectories()
+    assert buffer.trajectories([GroupStatus.COMPLETED]) == []
+    if logged:  # consumed groups left memory: read back from the log, equal
+        assert buffer.trajectories() == batch[0].trajectories() + batch[1].trajectories()
+        assert [g.group_id for g in buffer.all_groups()] == [0, 1, 2, 3, 4]
+    else:  # an in-memory buffer says so rather than give a part
+        with pytest.raises(ValueError, match=r"keeps no final groups \({'consumed': 2}\)"):
+            buffer.trajectories()
 
 
 def test_finish_refuses_a_state_that_is_not_an_end():

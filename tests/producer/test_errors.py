@@ -27,12 +27,12 @@ def booming(k: int) -> list[dict]:
 
 @pytest.mark.parametrize("cls", PRODUCERS)
 async def test_isolated_errors_fail_the_group_and_never_reach_a_batch(
-    cls, version_engine, make_producer
+    cls, buffers, version_engine, make_producer
 ):
     engine = version_engine(vary=4)
     producer = make_producer(
         cls, engine, Task("talk", Talk(), booming(60)), config(over_sample_threshold=0.5),
-        on_error="isolate",
+        on_error="isolate", buffer=buffers("run.sqlite"),
     )  # fmt: skip
     for step in range(4):
         batch = await asyncio.wait_for(producer.next_batch(step), 20)
@@ -40,7 +40,7 @@ async def test_isolated_errors_fail_the_group_and_never_reach_a_batch(
         assert all(g.example["id"] % 4 != 1 for g in batch)
         assert all(t.status != "error" for g in batch for t in g.trajectories())
         await producer.update_weights({}, version=step + 1)
-    failed = [g for g in producer.buffer.groups.values() if g.status == "failed"]
+    failed = list(producer.buffer.all_groups(["failed"]))
     assert failed and all(g.example["id"] % 4 == 1 for g in failed)
     for group in failed:
         assert group.note == "samples ended in error"

@@ -8,15 +8,15 @@ import pytest
 from producer_helpers import Talk, check_counts, check_versions, config, examples
 from test_buffer import complete
 
-from loomrl.producer import AsyncProducer, Group, ReplayBuffer, SyncProducer, Task
+from loomrl.producer import AsyncProducer, Group, SyncProducer, Task
 
 
 @pytest.mark.parametrize("cls", [SyncProducer, AsyncProducer])
 async def test_a_stale_completed_group_is_made_again_from_the_prompt(
-    cls, version_engine, make_producer, check_contract
+    cls, buffers, version_engine, make_producer, check_contract
 ):
     exs = examples(40)
-    buffer = ReplayBuffer()
+    buffer = buffers("run.sqlite")
     stale = Group(0, "talk", 0, exs[0], 2)
     buffer.put(stale)
     complete(buffer, stale, version=0)  # made by version 0, never consumed
@@ -34,5 +34,5 @@ async def test_a_stale_completed_group_is_made_again_from_the_prompt(
         check_contract(traj)
     counts = producer.progress.task("talk")
     assert counts.expired == 1 and counts.unused_tokens == 6  # the 2 x 3 fake tokens
-    assert sorted(g.example_index for g in buffer.groups.values()) == list(range(counts.launched))
+    assert sorted(g.example_index for g in buffer.all_groups()) == list(range(counts.launched))
     check_counts(buffer)

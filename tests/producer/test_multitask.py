@@ -51,13 +51,17 @@ def consumed(producer) -> dict[str, int]:
 
 @pytest.mark.parametrize("cls", PRODUCERS)
 async def test_examples_run_in_their_task_and_consumption_follows_the_weights(
-    cls, version_engine, make_producer, tokenizer
+    cls, buffers, version_engine, make_producer, tokenizer
 ):
     engine = version_engine(vary=4)
     alpha = Task("alpha", Alpha(), alpha_examples(60), weight=0.75)
     beta = Task("beta", Beta(), beta_examples(60), weight=0.25)
     producer = make_producer(
-        cls, engine, [alpha, beta], config(max_staleness=1, over_sample_threshold=0.5)
+        cls,
+        engine,
+        [alpha, beta],
+        config(max_staleness=1, over_sample_threshold=0.5),
+        buffer=buffers("run.sqlite"),
     )
     weights = {"alpha": 0.75, "beta": 0.25}
 
@@ -77,9 +81,7 @@ async def test_examples_run_in_their_task_and_consumption_follows_the_weights(
         launched = {name: producer.progress.task(name).launched for name in weights}
         assert launched == quotas(weights, sum(launched.values()))
         for name in producer.tasks:
-            drawn = sorted(
-                g.example_index for g in producer.buffer.groups.values() if g.task == name
-            )
+            drawn = sorted(g.example_index for g in producer.buffer.all_groups() if g.task == name)
             assert drawn == list(range(launched[name]))
 
     await run(producer, engine, 6, check)

@@ -22,7 +22,7 @@ def mixed_examples(k: int) -> list[dict]:
 
 @pytest.mark.parametrize("cls", PRODUCERS)
 async def test_filtered_groups_never_reach_a_batch_and_the_counts_add_up(
-    cls, version_engine, make_producer
+    cls, buffers, version_engine, make_producer
 ):
     engine = version_engine(vary=4)
     finished = []
@@ -30,7 +30,7 @@ async def test_filtered_groups_never_reach_a_batch_and_the_counts_add_up(
         cls, engine, Task("talk", Talk(), mixed_examples(80)),
         config(over_sample_threshold=1.0, drop_zero_variance=True, max_staleness=None),
         is_valid_group=lambda g: g.example["id"] % 5 != 4,
-        on_group=finished.append,
+        on_group=finished.append, buffer=buffers("run.sqlite"),
     )  # fmt: skip
     buffer = producer.buffer
     seen = set()
@@ -50,9 +50,9 @@ async def test_filtered_groups_never_reach_a_batch_and_the_counts_add_up(
         check_counts(buffer)
         await producer.update_weights({}, version=step + 1)
 
-    filtered = {g.group_id for g in buffer.groups.values() if g.status == "filtered"}
+    filtered = {g.group_id for g in buffer.all_groups([GroupStatus.FILTERED])}
     assert filtered and not filtered & seen
-    assert {g.note for g in buffer.groups.values() if g.status == "filtered"} == {
+    assert {g.note for g in buffer.all_groups([GroupStatus.FILTERED])} == {
         "every reward equal", "is_valid_group returned False"
     }  # fmt: skip
     # on_group heard of every finished group once, in its final state.
@@ -60,7 +60,7 @@ async def test_filtered_groups_never_reach_a_batch_and_the_counts_add_up(
     assert {g.group_id for g in finished if g.status == "filtered"} == filtered
     ended = {"completed", "consumed", "filtered", "failed"}
     assert {g.group_id for g in finished} == {
-        g.group_id for g in buffer.groups.values() if g.status in ended
+        g.group_id for g in buffer.all_groups() if g.status in ended
     }
     counts = producer.progress.task("talk")
     assert counts.filtered == len(filtered)

@@ -103,7 +103,7 @@ async def test_groups_in_flight_at_a_restart_are_finished_not_drawn_again(
             break
     assert left <= set(ids)
     assert len(ids) == len(set(ids))  # no example trained on twice
-    drawn = sorted(g.example_index for g in buffer.groups.values())
+    drawn = sorted(g.example_index for g in buffer.all_groups())
     assert drawn == list(range(buffer.progress.task("talk").launched))  # each drawn once
 
 

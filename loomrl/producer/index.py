@@ -1,0 +1,56 @@
+"""The replay buffer's index: live groups by id and status, and counts of every group.
+
+A group is kept here while it is live (not final); every group ever added, final ones
+included, is counted by task and status. Queries read these instead of scanning every
+group ever made, so they cost the same after a million groups as after ten.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Iterator, Mapping
+
+from loomrl.producer.group import FINAL, Group, GroupStatus
+
+LIVE = tuple(s for s in GroupStatus if s not in FINAL)
+
+
+class GroupIndex:
+    """``live``: groups not yet final, by id; ``in_status``: those in one status."""
+
+    def __init__(self, counts: Mapping[tuple[str, GroupStatus], int] | None = None) -> None:
+        self.live: dict[int, Group] = {}
+        self._by_status: dict[GroupStatus, dict[int, Group]] = {s: {} for s in LIVE}
+        self._counts: Counter[tuple[str, GroupStatus]] = Counter(counts or {})
+
+    def count(self, task: str | None = None, status: GroupStatus | None = None) -> int:
+        """Groups (of ``task``) now in ``status``: O(tasks x statuses)."""
+        return sum(
+            n
+            for (name, s), n in self._counts.items()
+            if (task is None or name == task) and (status is None or s == status)
+        )
+
+    def in_status(self, status: GroupStatus) -> Iterator[Group]:
+        """The live groups in ``status`` (none for a final status: they are not kept)."""
+        return iter(self._by_status.get(status, {}).values())
+
+    def add(self, group: Group, *, counted: bool = False) -> None:
+        """Count ``group`` in its status (unless ``counted`` already) and keep it if live."""
+        if not counted:
+            self._counts[group.task, group.status] += 1
+        if group.status not in FINAL:
+            self.live[group.group_id] = group
+            self._by_status[group.status][group.group_id] = group
+
+    def move(self, group: Group, status: GroupStatus) -> None:
+        """The one place a group's status changes: counts and the live groups follow."""
+        key = (group.task, group.status)
+        self._counts[key] -= 1
+        if not self._counts[key]:
+            del self._counts[key]
+        self.live.pop(group.group_id, None)
+        if group.status not in FINAL:
+            self._by_status[group.status].pop(group.group_id, None)
+        group.status = status
+        self.add(group)
