@@ -14,6 +14,7 @@ import sqlite3
 from pathlib import Path
 
 from loomrl.producer import ReplayBuffer
+from loomrl.producer.log import BufferLogError
 
 BUFFER = "buffer.sqlite"
 RUN_MARKERS = (
@@ -85,13 +86,15 @@ def check_buffer(path: Path) -> None:
         finally:
             db.close()
     except sqlite3.DatabaseError as exc:
-        raise RunDirError(f"{path} is not a readable replay-buffer log ({exc})") from exc
+        raise RunDirError(f"{path}: not a readable buffer log ({exc})") from exc
 
 
 def open_buffer(path: Path) -> ReplayBuffer:
     """The replay buffer logged at ``path``; an unreadable log raises ``RunDirError``
-    naming the file instead of a database error from deep inside."""
+    naming the file (and the group or sample at fault) instead of a database error."""
     try:
         return ReplayBuffer(path)
+    except BufferLogError as exc:
+        raise RunDirError(str(exc)) from exc
     except sqlite3.DatabaseError as exc:
-        raise RunDirError(f"{path} is not a readable replay-buffer log ({exc})") from exc
+        raise RunDirError(f"{path}: not a readable buffer log ({exc})") from exc

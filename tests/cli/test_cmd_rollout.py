@@ -111,7 +111,7 @@ def test_a_corrupt_buffer_log_is_named(cli, run):
     result = cli("rollout", "--resume", run)
     assert result.code == 2
     assert result.error == (
-        f"{run / BUFFER} is not a readable replay-buffer log (file is not a database)"
+        f"{run / BUFFER}: not a readable buffer log (file is not a database)"
     )
 
 

@@ -241,7 +241,7 @@ def test_a_corrupt_buffer_log_is_named(cli, run):
         (run / (BUFFER + suffix)).unlink(missing_ok=True)
     result = cli("train", "--resume", run)
     assert result.code == 2
-    assert result.error.startswith(f"{run / BUFFER} is not a readable replay-buffer log")
+    assert result.error.startswith(f"{run / BUFFER}: not a readable buffer log")
 
 
 # -- bad configs -------------------------------------------------------------------------

@@ -61,5 +61,5 @@ def test_an_unreadable_buffer_log_is_named(tmp_path):
     for suffix in ("-wal", "-shm"):
         (tmp_path / (BUFFER + suffix)).unlink(missing_ok=True)
     for check in (check_buffer, open_buffer):
-        with pytest.raises(RunDirError, match=f"{path} is not a readable replay-buffer log"):
+        with pytest.raises(RunDirError, match=f"{path}: not a readable buffer log"):
             check(path)

@@ -148,16 +148,17 @@ class BadScore(Talk):
 
 @pytest.mark.parametrize("cls", PRODUCERS)
 async def test_isolated_failures_are_all_counted_with_their_first_messages(
-    cls, version_engine, make_producer
+    cls, buffers, version_engine, make_producer
 ):
     producer = make_producer(
         cls, version_engine(vary=4), Task("talk", Talk(), booming(60)),
         config(over_sample_threshold=0.5), on_error="isolate", keep_failures=3,
+        buffer=buffers("b.sqlite"),
     )  # fmt: skip
     for step in range(4):
         await asyncio.wait_for(producer.next_batch(step), 20)
         await producer.update_weights({}, version=step + 1)
-    failed = [g for g in producer.buffer.groups.values() if g.status == "failed"]
+    failed = list(producer.buffer.all_groups(["failed"]))
     assert len(failed) > 3
     failures = producer.failures
     assert failures.counts == {"error": 2 * len(failed)}  # every sample of every group
@@ -171,18 +172,21 @@ async def test_isolated_failures_are_all_counted_with_their_first_messages(
     assert metrics["failures"] == metrics["failures/error"] == 2 * len(failed)
     assert metrics["failures/env_timeout"] == 0
     assert metrics["samples_produced"] == producer.progress.total("produced_samples")
-    assert "failures" not in producer_metrics(producer.buffer)  # no log, none passed: unknown
+    assert producer_metrics(producer.buffer)["failures"] == 2 * len(failed)  # read from the log
+    assert "failures" not in producer_metrics(ReplayBuffer())  # no log, none passed: unknown
 
 
 @pytest.mark.parametrize("cls", PRODUCERS)
-async def test_a_scorer_error_fails_only_its_sample(cls, version_engine, make_producer):
+async def test_a_scorer_error_fails_only_its_sample(
+    cls, buffers, version_engine, make_producer
+):
     """The group fails (it is never trained on) but its other sample keeps its score."""
     producer = make_producer(
         cls, version_engine(), Task("talk", BadScore(), scored_wrongly(examples(24, reward=0.5))),
-        config(over_sample_threshold=0.5), on_error="isolate",
+        config(over_sample_threshold=0.5), on_error="isolate", buffer=buffers("b.sqlite"),
     )  # fmt: skip
     await asyncio.wait_for(producer.next_batch(0), 20)  # example 1 failed: it was replaced
-    failed = [g for g in producer.buffer.groups.values() if g.status == "failed"]
+    failed = list(producer.buffer.all_groups(["failed"]))
     assert failed and all(g.example["id"] % 4 == 1 for g in failed)
     for group in failed:
         good, bad = sorted(group.trajectories(), key=lambda t: t.status != "terminated")
