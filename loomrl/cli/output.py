@@ -2,7 +2,8 @@
 
 An error is never Rich markup: a message holding ``[train]`` or ``[/x]`` (a path, a TOML
 table, a user's string) prints exactly as written, on stderr, so it also reaches a user
-who redirects the results.
+who redirects the results. Every URL in it is redacted (``loomrl.redact``), and notes
+attached to the exception (e.g. how many other failures production counted) follow it.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ from pydantic import ValidationError
 from rich.console import Console
 
 from loomrl.config import describe
+from loomrl.redact import redact_text
 
 console = Console()
 
@@ -34,24 +36,27 @@ USER_ERRORS: tuple[type[BaseException], ...] = (
 
 
 def one_line(exc: BaseException) -> str:
-    """The message of a user error as one line (OS errors name their file)."""
+    """The message of a user error as one line (OS errors name their file), with the
+    exception's notes after it."""
     if isinstance(exc, ValidationError):
         text = describe(exc, None)
     elif isinstance(exc, OSError) and exc.filename is not None and exc.strerror:
         text = f"{exc.filename}: {exc.strerror}"
     else:
         text = str(exc) or type(exc).__name__
+    notes = [str(note) for note in getattr(exc, "__notes__", ())]
+    text = "; ".join([text.strip(), *notes])
     return re.sub(r"\s*\n\s*", " ", text.strip())
 
 
 def print_error(message: str) -> None:
     """``error: message`` on stderr, plain text (no markup, no colour codes)."""
-    print(f"error: {message}", file=sys.stderr, flush=True)
+    print(f"error: {redact_text(message)}", file=sys.stderr, flush=True)
 
 
 def print_note(message: str) -> None:
     """``note: message`` on stderr, plain text: something the user should know."""
-    print(f"note: {message}", file=sys.stderr, flush=True)
+    print(f"note: {redact_text(message)}", file=sys.stderr, flush=True)
 
 
 def debugging() -> bool:
