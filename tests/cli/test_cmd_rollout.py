@@ -110,9 +110,7 @@ def test_a_corrupt_buffer_log_is_named(cli, run):
         (run / (BUFFER + suffix)).unlink(missing_ok=True)
     result = cli("rollout", "--resume", run)
     assert result.code == 2
-    assert result.error == (
-        f"{run / BUFFER}: not a readable buffer log (file is not a database)"
-    )
+    assert result.error == (f"{run / BUFFER}: not a readable buffer log (file is not a database)")
 
 
 def test_a_config_toml_that_no_longer_validates_is_named(cli, run):

@@ -177,9 +177,7 @@ async def test_isolated_failures_are_all_counted_with_their_first_messages(
 
 
 @pytest.mark.parametrize("cls", PRODUCERS)
-async def test_a_scorer_error_fails_only_its_sample(
-    cls, buffers, version_engine, make_producer
-):
+async def test_a_scorer_error_fails_only_its_sample(cls, buffers, version_engine, make_producer):
     """The group fails (it is never trained on) but its other sample keeps its score."""
     producer = make_producer(
         cls, version_engine(), Task("talk", BadScore(), scored_wrongly(examples(24, reward=0.5))),
