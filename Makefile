@@ -5,7 +5,7 @@ setup:
 	@bash scripts/setup.sh
 
 run: setup
-	.venv/bin/loomrl rollout --env guess_number --model smollm2-135m-instruct --out runs/quickstart
+	.venv/bin/loomrl rollout --env guess_number --model smollm2-135m-instruct --out runs/quickstart --overwrite
 
 test: setup
 	.venv/bin/python -m pytest -q
