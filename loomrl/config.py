@@ -20,6 +20,13 @@ from typing import Any, Literal, TypeVar
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from loomrl.models import DEFAULT_MODEL
+from loomrl.redact import redact_text
+
+# Examples a run draws up front (a few hundred bytes each): a bound far above real runs
+# that turns a mistyped count into an error instead of exhausting memory.
+MAX_EXAMPLES = 10_000_000
+# Seeds reach numpy's generator (in vLLM), which takes 0 .. 2**32 - 1.
+MAX_SEED = 2**32 - 1
 
 
 class RolloutConfig(BaseModel):
@@ -32,13 +39,15 @@ class RolloutConfig(BaseModel):
         default_factory=dict, description="keyword arguments for the environment"
     )
     model: str = Field(DEFAULT_MODEL, description="model spec or local HF directory")
-    examples: int = Field(8, ge=1, description="examples drawn from the env's generator")
-    seed: int = Field(0, description="seed of the example generator and of sampling")
+    examples: int = Field(
+        8, ge=1, le=MAX_EXAMPLES, description="examples drawn from the env's generator"
+    )
+    seed: int = Field(0, ge=0, le=MAX_SEED, description="seed of the examples and of sampling")
     n: int = Field(4, ge=1, description="samples per example (one group)")
     max_turns: int | None = Field(None, ge=1, description="turn limit (default: the env's)")
     max_len: int = Field(2048, ge=2, description="prompt + completion token budget")
     max_tokens: int = Field(64, ge=1, description="tokens per model turn")
-    temperature: float = Field(1.0, ge=0, description="sampling temperature")
+    temperature: float = Field(1.0, ge=0, allow_inf_nan=False, description="sampling temperature")
     top_p: float = Field(1.0, gt=0, le=1, description="nucleus sampling mass")
     concurrency: int = Field(64, ge=1, description="trajectories in flight at once")
     env_timeout: float | None = Field(30.0, gt=0, description="seconds per env call")
@@ -126,10 +135,11 @@ def describe(
 
 
 def _shown(value: Any) -> str:
+    """A refused value as the error shows it: JSON, URLs redacted, at most 80 characters."""
     try:
-        text = json.dumps(value, default=str)
+        text = redact_text(json.dumps(value, default=str))
     except (TypeError, ValueError):
-        text = repr(value)
+        text = redact_text(repr(value))
     return text if len(text) <= 80 else text[:77] + "..."
 
 
@@ -138,6 +148,8 @@ def load_run_config(cls: type[Config], path: Path, table: str) -> Config:
     file lacks that may be ``None`` was ``None`` when written (TOML has no null). A file
     that does not validate raises ``ConfigError`` naming it and the field."""
     data = table_of(read_toml(path), table, path)
+    if not data:  # a run always records its settings; none at all is a damaged file
+        raise ConfigError(f"{path} records no settings: it is empty or not a run's config")
     for name, field in cls.model_fields.items():
         if name not in data and _allows_none(field.annotation):
             data[name] = None

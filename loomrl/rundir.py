@@ -78,15 +78,19 @@ def check_run(path: Path, command: str, needs: tuple[str, ...]) -> None:
 
 def check_buffer(path: Path) -> None:
     """A cheap look at a replay-buffer log before a run resumes from it: it must be an
-    SQLite database (its rows are checked when the buffer opens)."""
+    SQLite database holding a log's tables (its rows are checked when the buffer opens).
+    An empty one is refused too: resuming from it would start the run over and replace
+    what the run wrote."""
     try:
         db = sqlite3.connect(path)
         try:
-            db.execute("SELECT name FROM sqlite_master").fetchall()
+            tables = db.execute("SELECT name FROM sqlite_master WHERE type='table'").fetchall()
         finally:
             db.close()
     except sqlite3.DatabaseError as exc:
         raise RunDirError(f"{path}: not a readable buffer log ({exc})") from exc
+    if not tables:
+        raise RunDirError(f"{path}: an empty file, not a buffer log; nothing to resume from")
 
 
 def open_buffer(path: Path) -> ReplayBuffer:

@@ -83,12 +83,29 @@ def write_trajectories(path: Path, trajs: Sequence[Trajectory]) -> None:
     tmp.replace(path)
 
 
+JSON_COLUMNS = {"reward_components": dict, "messages": list}  # and what each holds
+# Columns every row has a value in (``error`` is null but for failed rows; ``reward`` is
+# checked by status; the list columns by ``_row_problem``).
+_REQUIRED_SCALARS = (
+    "example_id", "group_id", "sample_index", "env", "turns", "status", "policy_version",
+)  # fmt: skip
+
+
 def read_trajectories(path: Path | str) -> list[dict[str, Any]]:
-    """Rows of a trajectories file, with JSON columns decoded."""
+    """Rows of a trajectories file, with JSON columns decoded; a JSON column that does
+    not hold its JSON (an object, a list) raises ``ValueError`` naming the row."""
     rows = pq.read_table(path).to_pylist()
-    for row in rows:
-        row["reward_components"] = json.loads(row["reward_components"])
-        row["messages"] = json.loads(row["messages"])
+    for i, row in enumerate(rows):
+        for name, kind in JSON_COLUMNS.items():
+            try:
+                row[name] = json.loads(row[name])
+            except (TypeError, ValueError, RecursionError) as exc:
+                raise ValueError(f"{path}: row {i}: {name} is not JSON ({exc})") from None
+            if not isinstance(row[name], kind):
+                raise ValueError(
+                    f"{path}: row {i}: {name} is a JSON {type(row[name]).__name__}, "
+                    f"not a {kind.__name__}"
+                )
     return rows
 
 
@@ -127,6 +144,11 @@ def _row_problem(row: Mapping[str, Any]) -> str | None:
     ids, lps, mask = row["completion_ids"], row["logprobs"], row["loss_mask"]
     if ids is None or lps is None or mask is None or row["prompt_ids"] is None:
         return "prompt_ids, completion_ids, logprobs and loss_mask must not be null"
+    nulls = [name for name in _REQUIRED_SCALARS if row[name] is None]
+    if nulls:
+        return f"{', '.join(nulls)} must not be null"
+    if any(t < 0 for t in row["prompt_ids"]) or any(t < 0 for t in ids):
+        return "token ids must not be negative"
     if not len(ids) == len(lps) == len(mask):
         return f"{len(ids)} completion_ids, {len(lps)} logprobs and {len(mask)} loss_mask bits"
     if any(bit not in (0, 1) for bit in mask):

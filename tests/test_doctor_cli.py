@@ -229,8 +229,9 @@ def test_models_prepare_bad_spec_from_the_installed_command(home):
 def test_models_prepare_prints_the_path_of_each_model(home, tmp_path, capsys):
     model = tmp_path / "local-model"
     model.mkdir()
-    for name in ("config.json", "model.safetensors", "tokenizer.json", "tokenizer_config.json"):
+    for name in ("config.json", "tokenizer.json", "tokenizer_config.json"):
         (model / name).write_text("{}")
+    (model / "model.safetensors").write_bytes((2).to_bytes(8, "little") + b"{}")
     assert cli.main(["models", "prepare", str(model)]) == 0
     assert str(model.resolve()) in capsys.readouterr().out.replace("\n", "")
 

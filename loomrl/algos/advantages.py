@@ -40,6 +40,8 @@ Built-ins and where they depart from the papers or the reference implementations
 from __future__ import annotations
 
 import inspect
+import math
+import typing
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Literal
@@ -97,6 +99,15 @@ def _lookup(name: str) -> Estimator:
 def accepted_inputs(name: str) -> tuple[str, ...]:
     """The keyword inputs estimator ``name`` accepts (to pick them from a batch)."""
     return tuple(inspect.signature(_lookup(name)).parameters)
+
+
+def option_hints(name: str) -> dict[str, Any]:
+    """Resolved type hints of estimator ``name``'s parameters ({} if they do not resolve),
+    to check options against before a run."""
+    try:
+        return typing.get_type_hints(_lookup(name))
+    except Exception:  # unresolvable hints only mean that nothing is checked
+        return {}
 
 
 def required_inputs(name: str) -> tuple[str, ...]:
@@ -184,6 +195,8 @@ def grpo(
     """
     if scale not in ("group", "batch", "none"):
         raise ValueError(f"scale must be 'group', 'batch' or 'none', got {scale!r}")
+    if not 0 <= eps < math.inf:
+        raise ValueError(f"eps must be a finite number >= 0, got {eps!r}")
     _check_batch(rewards, mask, group_ids)
     r = _float(rewards)
     stats = group_stats(r, group_ids, unbiased=unbiased)  # fields [B]

@@ -7,6 +7,7 @@ from __future__ import annotations
 import dataclasses
 import inspect
 import json
+import logging
 from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any, TypeVar
@@ -77,12 +78,15 @@ def check_engine_args(engine_args: Mapping[str, Any], source: str) -> None:
 def _engine_arg_names() -> set[str]:
     """Keyword arguments of ``VLLMEngine`` and fields of vLLM's ``AsyncEngineArgs``
     (empty when vLLM is not installed: then nothing can be checked)."""
+    logging.disable(logging.WARNING)  # vLLM's import-time warnings are not the user's error
     try:
         from vllm.engine.arg_utils import AsyncEngineArgs
 
         from loomrl.engines.vllm import VLLMEngine
     except ImportError:
         return set()
+    finally:
+        logging.disable(logging.NOTSET)
     own = inspect.signature(VLLMEngine).parameters.values()
     names = {p.name for p in own if p.kind is p.KEYWORD_ONLY}
     return names | {f.name for f in dataclasses.fields(AsyncEngineArgs)}

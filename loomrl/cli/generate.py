@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import math
 import time
 from typing import Any
 
@@ -11,6 +12,7 @@ from rich.markup import escape
 
 from loomrl.cli.checks import check_model
 from loomrl.cli.output import UsageError, console
+from loomrl.config import MAX_SEED
 from loomrl.models import DEFAULT_MODEL
 from loomrl.types import SamplingParams
 
@@ -39,8 +41,10 @@ def sampling(args: argparse.Namespace) -> SamplingParams:
             raise UsageError(
                 f"--{name.replace('_', '-')} must be at least {low}, got {getattr(args, name)}"
             )
-    if not args.temperature >= 0:
-        raise UsageError(f"--temperature must be >= 0, got {args.temperature}")
+    if not 0 <= args.temperature < math.inf:
+        raise UsageError(f"--temperature must be a finite number >= 0, got {args.temperature}")
+    if not 0 <= args.seed <= MAX_SEED:
+        raise UsageError(f"--seed must be from 0 to {MAX_SEED}, got {args.seed}")
     return SamplingParams(max_tokens=args.max_tokens, temperature=args.temperature, seed=args.seed)
 
 

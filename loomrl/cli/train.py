@@ -89,17 +89,26 @@ def check_log_to(config: TrainConfig, source: str) -> None:
 
 
 def check_resumable(run_dir: Path, config: TrainConfig) -> None:
-    """The run has a checkpoint to continue from (its ``state.json`` files readable) and
-    a replay-buffer log that opens."""
+    """Everything resuming reads, checked before anything is changed or started: the
+    newest checkpoint (its ``state.json`` files, ``.pt`` files and model directory), the
+    metric rows, the trajectory segments' directory and the replay-buffer log."""
     from loomrl.rundir import BUFFER, check_buffer
-    from loomrl.train.checkpoint import list_checkpoints
+    from loomrl.train.checkpoint import check_checkpoint, list_checkpoints
+    from loomrl.train.loop import read_rows
 
-    if not list_checkpoints(run_dir):
+    checkpoints = list_checkpoints(run_dir)
+    if not checkpoints:
         raise UsageError(
             f"{run_dir} has no checkpoint to resume from (the first comes after step "
             f"{config.checkpoint_every}); start it again with `loomrl train --out {run_dir} "
             "--overwrite`"
         )
+    check_checkpoint(checkpoints[-1])
+    if (run_dir / "metrics.jsonl").exists():
+        read_rows(run_dir / "metrics.jsonl")
+    segments = run_dir / "trajectories"
+    if segments.exists() and not segments.is_dir():
+        raise UsageError(f"{segments} is not a directory (a run keeps its step files there)")
     if (run_dir / BUFFER).exists():
         check_buffer(run_dir / BUFFER)
 

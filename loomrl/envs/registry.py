@@ -21,6 +21,7 @@ from loomrl.envs.arith import ArithEnv
 from loomrl.envs.base import Environment
 from loomrl.envs.calculator import CalculatorEnv
 from loomrl.envs.guess_number import GuessNumberEnv
+from loomrl.redact import redact_text, redact_value
 
 EnvFactory = Callable[..., Environment]
 
@@ -61,7 +62,9 @@ def load(name: str, **kwargs: Any) -> Environment:
     except (TypeError, ValueError) as exc:
         if isinstance(exc, EnvArgsError):
             raise
-        raise EnvArgsError(f"environment {name!r} refused its env_args: {exc}") from exc
+        raise EnvArgsError(
+            f"environment {name!r} refused its env_args: {redact_text(str(exc))}"
+        ) from exc
     if not isinstance(env, Environment):
         raise TypeError(
             f"the factory of {name!r} returned {type(env).__name__}, not an Environment"
@@ -97,11 +100,11 @@ def check_args(name: str, kwargs: Mapping[str, Any]) -> None:
         raise EnvArgsError(f"environment {name!r} needs env_args {missing}")
     hints = _hints(factory)
     for key, value in kwargs.items():
-        problem = _type_problem(hints.get(key), value) if key in params else None
+        problem = type_problem(hints.get(key), value) if key in params else None
         if problem:
             raise EnvArgsError(
-                f"environment {name!r}: env_args {key} = {value!r} is not "
-                f"{_hint_name(hints[key])} ({problem})"
+                f"environment {name!r}: env_args {key} = {redact_value(value)!r} is not "
+                f"{hint_name(hints[key])} ({problem})"
             )
 
 
@@ -114,7 +117,8 @@ def _entry(name: str) -> _Entry:
     entry = _ENVS.get(name)
     if entry is None:
         raise ValueError(
-            f"unknown environment {name!r}; known environments: {', '.join(sorted(_ENVS))}"
+            f"unknown environment {redact_text(name)!r}; known environments: "
+            f"{', '.join(sorted(_ENVS))}"
         )
     return entry
 
@@ -128,9 +132,9 @@ def _hints(factory: EnvFactory) -> dict[str, Any]:
         return {}
 
 
-def _type_problem(hint: Any, value: Any) -> str | None:
-    """Why ``value`` does not fit ``hint`` (None when it does, or when ``hint`` cannot be
-    checked)."""
+def type_problem(hint: Any, value: Any) -> str | None:
+    """Why ``value`` does not fit the type hint ``hint``, checked strictly (None when it
+    does, or when ``hint`` cannot be checked)."""
     if hint is None or hint is Any:
         return None
     try:
@@ -142,7 +146,8 @@ def _type_problem(hint: Any, value: Any) -> str | None:
     return None
 
 
-def _hint_name(hint: Any) -> str:
+def hint_name(hint: Any) -> str:
+    """A type hint as a user reads it: ``int``, ``Literal['a', 'b']``."""
     return hint.__name__ if isinstance(hint, type) else str(hint).replace("typing.", "")
 
 

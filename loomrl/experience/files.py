@@ -17,7 +17,10 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from loomrl.algos import advantages as estimators
+from loomrl.envs.registry import hint_name, type_problem
 from loomrl.experience.maker import UNUSABLE, Experience, make_experience
+from loomrl.redact import redact_text, redact_value
 from loomrl.runs import TRAJECTORY_SCHEMA, load_trajectories, trajectory_table
 from loomrl.types import Trajectory
 
@@ -54,12 +57,12 @@ def experience_table(exp: Experience) -> pa.Table:
 
 def parse_options(pairs: list[str]) -> dict[str, Any]:
     """``["scale=none", "eps=1e-4"]`` -> ``{"scale": "none", "eps": 0.0001}`` (values are
-    read as JSON when they parse, else kept as strings)."""
+    read as JSON when they parse, else kept as strings; a key given twice keeps the last)."""
     options: dict[str, Any] = {}
     for pair in pairs:
         key, sep, raw = pair.partition("=")
         if not sep or not key.strip():
-            raise ValueError(f"estimator option {pair!r} is not KEY=VALUE")
+            raise ValueError(f"estimator option {redact_text(pair)!r} is not KEY=VALUE")
         raw = raw.strip()
         try:
             value = json.loads(raw)
@@ -70,9 +73,11 @@ def parse_options(pairs: list[str]) -> dict[str, Any]:
 
 
 def check_estimator(estimator: str, options: Mapping[str, Any] | None = None) -> None:
-    """Raise ``ValueError`` now for an unknown estimator, an option it does not take, an
-    input it needs that trajectories cannot give (e.g. ``gae``'s values) or an option value
-    it refuses: the estimator runs once on two made-up samples of one group."""
+    """Raise ``ValueError`` now for an unknown estimator, an option it does not take or of
+    the wrong type (checked strictly against its signature: ``"False"`` is not a bool), a
+    number that is not finite, an input it needs that trajectories cannot give (e.g.
+    ``gae``'s values) or an option value it refuses: the estimator runs once on two
+    made-up samples of one group, and must give finite advantages."""
     probe = [
         Trajectory(
             example_id=0, group_id=0, sample_index=k, env="probe", completion_ids=[1],
@@ -80,14 +85,29 @@ def check_estimator(estimator: str, options: Mapping[str, Any] | None = None) ->
         )
         for k in (0, 1)
     ]  # fmt: skip
+    hints = estimators.option_hints(estimator)
+    for key, value in (options or {}).items():
+        problem = type_problem(hints.get(key), value)
+        if problem:
+            raise ValueError(
+                f"estimator {estimator!r}: option {key} = {redact_value(value)!r} is not "
+                f'{hint_name(hints[key])} ({problem}; values are JSON: true, 1e-4, "none")'
+            )
+        if isinstance(value, float) and not math.isfinite(value):
+            raise ValueError(f"estimator {estimator!r}: option {key} = {value} is not finite")
+    shown = redact_text(str(dict(options or {})))
     try:
-        make_experience(probe, estimator, options=options)
+        exp = make_experience(probe, estimator, options=options)
     except (TypeError, RuntimeError, ValueError) as exc:  # TypeError etc.: a value's kind
         if repr(estimator) in str(exc):
-            raise ValueError(str(exc)) from None
+            raise ValueError(redact_text(str(exc))) from None
         raise ValueError(
-            f"estimator {estimator!r} with options {dict(options or {})}: {exc}"
+            f"estimator {estimator!r} with options {shown}: {redact_text(str(exc))}"
         ) from None
+    if not all(math.isfinite(x) for row in exp.advantages for x in row):
+        raise ValueError(
+            f"estimator {estimator!r} with options {shown} gives non-finite advantages"
+        )
 
 
 def check_trajectory_file(path: Path) -> None:

@@ -9,7 +9,14 @@ from __future__ import annotations
 from pathlib import Path
 
 from loomrl.models import smollm2, tiny_random
-from loomrl.models.store import MARKER, build_atomically, loomrl_home, missing_parts, models_dir
+from loomrl.models.store import (
+    MARKER,
+    broken_parts,
+    build_atomically,
+    loomrl_home,
+    missing_parts,
+    models_dir,
+)
 
 DEFAULT_MODEL = "smollm2-135m-instruct"
 NAMED = ("smollm2-135m-instruct", "tiny-random")
@@ -60,6 +67,9 @@ def _local_dir(spec: str) -> Path:
         missing = missing_parts(path)
         if missing:
             raise ModelError(f"model directory {spec!r} is missing: {', '.join(missing)}")
+        broken = broken_parts(path)
+        if broken:
+            raise ModelError(f"model directory {spec!r} has unreadable {', '.join(broken)}")
         return path.resolve()
     raise ModelError(
         f"unknown model {spec!r}: expected one of {', '.join(NAMED)}, 'tiny-random:SEED', "
@@ -76,6 +86,9 @@ def _seed(spec: str) -> int:
     if spec == "tiny-random":
         return 0
     raw = spec.split(":", 1)[1]
-    if not raw.isdigit():
-        raise ModelError(f"model spec {spec!r}: the seed after 'tiny-random:' must be an integer")
+    if not (raw.isascii() and raw.isdigit()) or int(raw) >= 2**32:
+        raise ModelError(
+            f"model spec {spec!r}: the seed after 'tiny-random:' must be an integer "
+            "from 0 to 2**32 - 1"
+        )
     return int(raw)

@@ -41,6 +41,40 @@ def missing_parts(path: Path) -> list[str]:
     return missing
 
 
+def broken_parts(path: Path) -> list[str]:
+    """The files of a complete model directory that would not load: JSON files that do
+    not parse as an object, safetensors files whose header does not (read cheaply: the
+    weights themselves are not)."""
+    broken = []
+    for name in ("config.json", "tokenizer_config.json", "tokenizer.json"):
+        file = path / name
+        if file.is_file() and not isinstance(_json_or_none(file.read_bytes()), dict):
+            broken.append(f"{name} (not a JSON object)")
+    for file in sorted(path.glob("*.safetensors")):
+        if not _safetensors_header_reads(file):
+            broken.append(f"{file.name} (not a safetensors file)")
+    return broken
+
+
+def _json_or_none(data: bytes) -> object:
+    try:
+        return json.loads(data)
+    except (UnicodeDecodeError, json.JSONDecodeError, RecursionError):
+        return None
+
+
+def _safetensors_header_reads(file: Path) -> bool:
+    """An 8-byte little-endian length, then that many bytes of JSON object, within the file."""
+    with open(file, "rb") as f:
+        head = f.read(8)
+        if len(head) < 8:
+            return False
+        size = int.from_bytes(head, "little")
+        if size > file.stat().st_size - 8:
+            return False
+        return isinstance(_json_or_none(f.read(size)), dict)
+
+
 def build_atomically(name: str, build: Callable[[Path], None], meta: dict[str, object]) -> Path:
     """Return ``models_dir()/name``, calling ``build(tmp_dir)`` first if it is not there.
 

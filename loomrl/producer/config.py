@@ -26,8 +26,9 @@ class ProducerConfig(BaseModel):
         "their version) and continue; off: restart from the prompt",
     )
     over_sample_threshold: float = Field(
-        0.0, ge=0, description="launch batch_size * (1 + this) groups per step; use the first"
-    )
+        0.0, ge=0, allow_inf_nan=False,
+        description="launch batch_size * (1 + this) groups per step; use the first",
+    )  # fmt: skip
     max_in_flight: int | None = Field(
         None, ge=1, description="groups running at once (default: the over-sampled batch)"
     )

@@ -17,7 +17,9 @@ from __future__ import annotations
 import json
 import pickle
 import random
+import re
 import shutil
+import zipfile
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -106,19 +108,44 @@ def load_learner_state(checkpoint: Checkpoint) -> dict[str, Any]:
     return state
 
 
-def _load(path: Path) -> Any:
+def check_checkpoint(checkpoint: Checkpoint) -> None:
+    """Raise ``CheckpointError`` naming the file if resuming from ``checkpoint`` would fail
+    on it: ``rng.pt`` and ``learner.pt`` must open as tensors and plain data (memory-mapped,
+    so the weights are not read) and ``model/`` must be a complete model directory."""
+    from loomrl.models import ModelError, check_spec
+
+    for name in ("rng.pt", "learner.pt"):
+        _load(checkpoint.path / name, mmap=True)
+    if not checkpoint.model_dir.is_dir():
+        raise CheckpointError(f"{checkpoint.model_dir} is missing: the checkpoint is incomplete")
+    try:
+        check_spec(str(checkpoint.model_dir))
+    except ModelError as exc:
+        raise CheckpointError(f"{checkpoint.path}: {exc}") from None
+
+
+def _load(path: Path, *, mmap: bool = False) -> Any:
     """``torch.load`` of tensors and plain data only: a pickle that would build other
     objects (and so could run code) is refused without running anything."""
     if not path.is_file():
         raise CheckpointError(f"{path} is missing: the checkpoint is incomplete")
+    refused = f"{path} is not a loomrl checkpoint file of tensors and plain data; refused to "
+    refused += "load it"
+    if not zipfile.is_zipfile(path):  # what torch.save writes
+        raise CheckpointError(f"{refused} (not a torch.save archive)")
     try:
-        return torch.load(path, weights_only=True, map_location="cpu")
+        return torch.load(path, weights_only=True, map_location="cpu", mmap=mmap)
     except (pickle.UnpicklingError, RuntimeError, EOFError, ValueError, TypeError) as exc:
-        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-        raise CheckpointError(
-            f"{path} is not a loomrl checkpoint file of tensors and plain data; refused to "
-            f"load it ({first[:200]})"
-        ) from exc
+        raise CheckpointError(f"{refused} ({_reason(exc)})") from exc
+
+
+def _reason(exc: BaseException) -> str:
+    """Why torch refused a file, in one plain sentence: its ``WeightsUnpickler`` reason
+    when it gives one (not its advice to load the file unsafely), else its first line."""
+    text = re.sub(r"\x1b\[[0-9;]*m", "", str(exc)).strip()
+    found = re.search(r"WeightsUnpickler error:\s*([^\n]+)", text)
+    reason = found.group(1).split(". ")[0] if found else (text.splitlines() or [""])[0]
+    return reason.strip()[:200] or type(exc).__name__
 
 
 def _state_files(run_dir: Path) -> list[Path]:
@@ -142,6 +169,11 @@ def _read_state(path: Path) -> Checkpoint:
         ) from None
     if not isinstance(step, int) or isinstance(step, bool) or step < 0:
         raise CheckpointError(f"{state}: 'step' must be a non-negative integer, got {step!r}")
+    if path.name != f"{PREFIX}{step:06d}":  # save_checkpoint names the directory by it
+        raise CheckpointError(
+            f"{state} says step {step}, but its directory is {path.name} (remove {path} to "
+            "resume from the one before)"
+        )
     run_id = data.get("run_id")
     return Checkpoint(path, step, run_id if isinstance(run_id, str) else None)
 

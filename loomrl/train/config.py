@@ -8,9 +8,9 @@ from pathlib import Path
 from typing import Any, Literal
 
 import tomli_w
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator
 
-from loomrl.config import read_toml, table_of
+from loomrl.config import MAX_EXAMPLES, MAX_SEED, read_toml, table_of
 from loomrl.models import DEFAULT_MODEL
 from loomrl.train.learner import LearnerConfig
 
@@ -20,7 +20,7 @@ class TaskConfig(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
-    weight: float = Field(1.0, gt=0, description="share of each step's groups")
+    weight: float = Field(1.0, gt=0, allow_inf_nan=False, description="share of each step's groups")
     env_args: dict[str, Any] = Field(default_factory=dict, description="environment kwargs")
 
 
@@ -33,14 +33,18 @@ class TrainConfig(BaseModel):
     env: str = Field("arith", description="environment name (see `loomrl envs`)")
     env_args: dict[str, Any] = Field(default_factory=dict, description="environment kwargs")
     model: str = Field(DEFAULT_MODEL, description="model spec or local HF directory")
-    seed: int = Field(0, description="seed of examples, sampling and the learner")
+    seed: int = Field(0, ge=0, le=MAX_SEED, description="seed of examples, sampling and learner")
     steps: int = Field(40, ge=1, description="optimizer steps")
-    prompts_per_step: int = Field(8, ge=1, description="examples per step (groups)")
+    prompts_per_step: int = Field(
+        8, ge=1, validate_default=True, description="examples per step (groups)"
+    )
     n: int = Field(8, ge=1, description="samples per example (group size)")
     max_turns: int | None = Field(None, ge=1, description="turn limit (default: the env's)")
     max_len: int = Field(512, ge=2, description="prompt + completion token budget")
     max_tokens: int = Field(64, ge=1, description="tokens per model turn")
-    temperature: float = Field(1.0, gt=0, description="sampling (and learner) temperature")
+    temperature: float = Field(
+        1.0, gt=0, allow_inf_nan=False, description="sampling (and learner) temperature"
+    )
     concurrency: int = Field(64, ge=1, description="trajectories in flight")
     env_timeout: float | None = Field(30.0, gt=0, description="seconds per env call")
     tasks: dict[str, TaskConfig] = Field(
@@ -58,8 +62,9 @@ class TrainConfig(BaseModel):
         True, description="continue generations a weight update cut, stamping each version"
     )
     over_sample_threshold: float = Field(
-        0.0, ge=0, description="launch prompts_per_step * (1 + this) groups; train on the first"
-    )
+        0.0, ge=0, allow_inf_nan=False,
+        description="launch prompts_per_step * (1 + this) groups; train on the first",
+    )  # fmt: skip
     estimator: str = Field("grpo", description="advantage estimator (loomrl.algos registry)")
     estimator_options: dict[str, Any] = Field(default_factory=dict, description="its options")
     drop_zero_variance: bool = Field(False, description="drop groups whose rewards all agree")
@@ -70,8 +75,8 @@ class TrainConfig(BaseModel):
     autocast: Literal["bfloat16", "none"] = Field(
         "bfloat16", description="mixed-precision matmuls in forward/backward ('none': dtype)"
     )
-    lr: float = Field(1e-5, gt=0, description="AdamW learning rate")
-    weight_decay: float = Field(0.0, ge=0, description="AdamW weight decay")
+    lr: float = Field(1e-5, gt=0, allow_inf_nan=False, description="AdamW learning rate")
+    weight_decay: float = Field(0.0, ge=0, allow_inf_nan=False, description="AdamW weight decay")
     warmup_steps: int = Field(0, ge=0, description="linear warm-up steps")
     cosine_decay: bool = Field(False, description="cosine-decay the LR to 10% over `steps`")
     max_grad_norm: float = Field(1.0, gt=0, description="global gradient-norm clip")
@@ -80,8 +85,12 @@ class TrainConfig(BaseModel):
     aggregation: Literal["token-mean", "seq-mean-token-sum", "seq-mean-token-mean", "constant"] = (
         Field("token-mean", description="how token losses are averaged")
     )
-    constant_normaliser: float = Field(1024.0, gt=0, description="Dr. GRPO's constant")
-    kl_coef: float = Field(0.0, ge=0, description="k3 KL to the initial model (0: no reference)")
+    constant_normaliser: float = Field(
+        1024.0, gt=0, allow_inf_nan=False, description="Dr. GRPO's constant"
+    )
+    kl_coef: float = Field(
+        0.0, ge=0, allow_inf_nan=False, description="k3 KL to the initial model (0: no reference)"
+    )
     is_cap: float | None = Field(
         2.0, gt=0, description="truncated importance weight cap for the sampler gap (None: off)"
     )
@@ -92,6 +101,27 @@ class TrainConfig(BaseModel):
     )
     out: Path | None = Field(None, description="run directory (default runs/train-TIME)")
     engine_args: dict[str, Any] = Field(default_factory=dict, description="VLLMEngine args")
+
+    @field_validator("prompts_per_step")
+    @classmethod
+    def _pool_fits(cls, value: int, info: ValidationInfo) -> int:
+        steps = info.data.get("steps")
+        if steps is not None and example_pool(steps, value) > MAX_EXAMPLES:
+            raise ValueError(
+                f"steps x prompts_per_step draws {example_pool(steps, value):,} examples up "
+                f"front, more than {MAX_EXAMPLES:,}; train in shorter runs"
+            )
+        return value
+
+    @field_validator("tasks")
+    @classmethod
+    def _env_args_or_tasks(cls, value: dict[str, TaskConfig], info: ValidationInfo) -> Any:
+        if value and info.data.get("env_args"):
+            raise ValueError(
+                "env_args are the single env's; with tasks, give each task its own "
+                "[tasks.NAME.env_args]"
+            )
+        return value
 
     @classmethod
     def load(cls, path: Path | None, overrides: dict[str, Any] | None = None) -> TrainConfig:
@@ -114,6 +144,12 @@ class TrainConfig(BaseModel):
             max_tokens=self.micro_batch_tokens,
             autocast=None if self.autocast == "none" else self.autocast,
         )  # fmt: skip
+
+
+def example_pool(steps: int, prompts_per_step: int) -> int:
+    """Examples each task draws up front: enough for every step even with over-sampling
+    and filtering."""
+    return steps * prompts_per_step * 4 + 64
 
 
 def extend_steps(path: Path, steps: int) -> int:

@@ -30,8 +30,13 @@ from loomrl.rollout.metrics import compute_metrics
 from loomrl.rollout.scoring import SCORED
 from loomrl.rundir import BUFFER, check_new_run, clear_run, open_buffer
 from loomrl.runs import write_trajectories
-from loomrl.train.checkpoint import latest_checkpoint, load_learner_state, save_checkpoint
-from loomrl.train.config import TrainConfig
+from loomrl.train.checkpoint import (
+    CheckpointError,
+    latest_checkpoint,
+    load_learner_state,
+    save_checkpoint,
+)
+from loomrl.train.config import TrainConfig, example_pool
 from loomrl.train.learner import Learner
 from loomrl.train.loggers import open_sinks
 from loomrl.types import SamplingParams, Trajectory
@@ -87,8 +92,13 @@ async def train(
         torch.manual_seed(config.seed)
     tasks = _tasks(config)
     dtype = getattr(torch, config.dtype)
-    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=dtype)
-    tokenizer = AutoTokenizer.from_pretrained(model_dir)
+    try:
+        model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=dtype)
+        tokenizer = AutoTokenizer.from_pretrained(model_dir)
+    except Exception as exc:  # transformers and safetensors raise many kinds
+        if not resume:
+            raise
+        raise CheckpointError(f"{model_dir}: the checkpoint's model does not load ({exc})") from exc
     reference = None
     if config.kl_coef:
         reference = AutoModelForCausalLM.from_pretrained(resolve(config.model), dtype=dtype)
@@ -159,7 +169,7 @@ def _open_buffer(out: Path, start: int) -> ReplayBuffer:
 def _tasks(config: TrainConfig) -> list[Task]:
     """One task per environment, each with a seeded pool of examples drawn in order,
     large enough for every step even with over-sampling and filtering."""
-    pool = config.steps * config.prompts_per_step * 4 + 64
+    pool = example_pool(config.steps, config.prompts_per_step)
     return [
         Task(name, env, env.dataset(pool, seed=config.seed), weight=spec.weight)
         for name, spec in config.task_specs().items()
@@ -253,17 +263,28 @@ def _rollout_metrics(
     return metrics
 
 
-def _read_rows(path: Path) -> list[dict[str, Any]]:
+def read_rows(path: Path) -> list[dict[str, Any]]:
     """Metric rows; a torn last line (killed while appending) is dropped: its step ended
-    after the newest checkpoint, which is only written once the row is complete."""
-    lines = [line for line in path.read_text().splitlines() if line.strip()]
+    after the newest checkpoint, which is only written once the row is complete. A line
+    that is not a row (JSON object with an integer ``step``) raises ``ValueError`` naming
+    the file and line."""
+    try:
+        text = path.read_text(encoding="utf-8")
+    except UnicodeDecodeError:
+        raise ValueError(f"{path}: not a metrics file (not UTF-8 text)") from None
+    lines = [line for line in text.splitlines() if line.strip()]
     rows = []
     for i, line in enumerate(lines):
         try:
-            rows.append(json.loads(line))
+            row = json.loads(line)
         except json.JSONDecodeError:
             if i != len(lines) - 1:
                 raise ValueError(f"{path}: line {i + 1} is not JSON: {line[:80]!r}") from None
+            continue
+        step = row.get("step") if isinstance(row, dict) else None
+        if type(step) is not int:
+            raise ValueError(f"{path}: line {i + 1} is not a metrics row with an integer 'step'")
+        rows.append(row)
     return rows
 
 
@@ -282,7 +303,7 @@ def _prepare_run_dir(out: Path, config: TrainConfig, start: int) -> list[dict[st
     rows = []
     metrics = out / "metrics.jsonl"
     if metrics.exists():
-        rows = _read_rows(metrics)
+        rows = read_rows(metrics)
         rows = [r for r in rows if r["step"] <= start]
         metrics.write_text("".join(json.dumps(r) + "\n" for r in rows))
     for segment in segments.glob("step-*.parquet"):

@@ -13,7 +13,10 @@ from loomrl.envs import Environment, registry
     [
         (["--max-tokens", "0"], "--max-tokens must be at least 1, got 0"),
         (["--max-model-len", "1"], "--max-model-len must be at least 2, got 1"),
-        (["--temperature", "-1"], "--temperature must be >= 0, got -1.0"),
+        (["--temperature", "-1"], "--temperature must be a finite number >= 0, got -1.0"),
+        (["--temperature", "inf"], "--temperature must be a finite number >= 0, got inf"),
+        (["--seed", "-1"], "--seed must be from 0 to 4294967295, got -1"),
+        (["--seed", str(2**32)], "--seed must be from 0 to 4294967295, got 4294967296"),
         (["--model", "no-such-model"], "unknown model 'no-such-model': expected one of"),
         (["--model", "tiny-random:x"], "model spec 'tiny-random:x': the seed after"),
     ],

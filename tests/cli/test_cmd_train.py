@@ -298,7 +298,8 @@ def test_missing_config_file_and_bad_flags(cli, tmp_path):
         "--steps 0: Input should be greater than or equal to 1"
     )
     assert cli("train", "--model", "tiny-random:x").error == (
-        "model spec 'tiny-random:x': the seed after 'tiny-random:' must be an integer"
+        "model spec 'tiny-random:x': the seed after 'tiny-random:' must be an integer from 0 "
+        "to 2**32 - 1"
     )
 
 

@@ -150,7 +150,9 @@ def test_non_finite_advantages_are_refused(run_dir, monkeypatch, capsys):
 
     monkeypatch.setitem(estimators._ESTIMATORS, "always_nan", always_nan)
     assert main(["experience", str(run_dir), "--estimator", "always_nan"]) == 2
-    assert "non-finite advantages in rows [0, 1, 2" in flat(capsys.readouterr().err)
+    assert "estimator 'always_nan' with options {} gives non-finite advantages" in flat(
+        capsys.readouterr().err
+    )
     assert not (run_dir / "experience.parquet").exists()
 
 
@@ -261,10 +263,10 @@ def test_files_from_before_the_span_columns_still_load(run_dir):
     [
         (
             ["--option", "scale=bogus"],
-            "estimator 'grpo' with options {'scale': 'bogus'}: scale must be 'group', 'batch' "
-            "or 'none', got 'bogus'",
+            "estimator 'grpo': option scale = 'bogus' is not Literal['group', 'batch', 'none'] "
+            "(Input should be 'group', 'batch' or 'none'; values are JSON",
         ),
-        (["--option", "eps=x"], "estimator 'grpo' with options {'eps': 'x'}: unsupported"),
+        (["--option", "eps=x"], "estimator 'grpo': option eps = 'x' is not float (Input should"),
         (["--estimator", "nope"], "unknown advantage estimator 'nope'; known: gae, grpo"),
     ],
 )

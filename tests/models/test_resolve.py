@@ -35,6 +35,8 @@ def write_model_dir(path: Path, parts=("config", "weights", "tokenizer", "tokeni
     }
     for part in parts:
         (path / files[part]).write_text("{}")
+    if "weights" in parts:  # a safetensors header that reads: 8-byte length, then JSON
+        (path / files["weights"]).write_bytes((2).to_bytes(8, "little") + b"{}")
     return path
 
 

@@ -130,7 +130,7 @@ async def test_tasks_share_each_step_by_weight(tmp_path, engines):
         "arith": {"weight": 1.0, "env_args": {"max_operand": 5}},
         "guess_number": {"weight": 1.0, "env_args": {"lo": 1, "hi": 6}},
     }
-    rows = await train(config(tasks=tasks), tmp_path, make_engine=engines)
+    rows = await train(config(tasks=tasks, env_args={}), tmp_path, make_engine=engines)
     for step in range(1, 5):
         envs = sorted(r["env"] for r in segment_rows(tmp_path, step))
         assert envs == ["arith"] * 3 + ["guess_number"] * 3
