@@ -150,6 +150,11 @@ def run_experience(
     written then."""
     check_estimator(estimator, options)
     source = run_dir / "trajectories.parquet"
+    if not source.is_file() and (run_dir / "trajectories").is_dir():
+        raise FileNotFoundError(
+            f"{source} not found: {run_dir} is a `loomrl train` run, which keeps each step's "
+            "trajectories in trajectories/step-NNNNNN.parquet (its advantages are in training)"
+        )
     if not source.is_file():
         raise FileNotFoundError(f"{source} not found: is {run_dir} a loomrl run directory?")
     check_trajectory_file(source)

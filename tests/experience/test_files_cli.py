@@ -303,3 +303,13 @@ def test_a_run_left_empty_by_drop_zero_variance_exits_with_the_reason(tmp_path, 
         "rewards agree) and 1 trajectories failed"
     )
     assert main(argv[:-1]) == 0  # without the flag the same run is usable
+
+
+def test_a_train_run_is_told_apart_from_a_missing_run(tmp_path, capsys):
+    run = tmp_path / "train-run"
+    (run / "trajectories").mkdir(parents=True)
+    assert main(["experience", str(run)]) == 2
+    err = flat(capsys.readouterr().err)
+    assert "is a `loomrl train` run" in err and "trajectories/step-NNNNNN.parquet" in err
+    assert main(["experience", str(tmp_path / "nothing")]) == 2
+    assert "is a loomrl run directory?" in flat(capsys.readouterr().err)
