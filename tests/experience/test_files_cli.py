@@ -312,4 +312,4 @@ def test_a_train_run_is_told_apart_from_a_missing_run(tmp_path, capsys):
     err = flat(capsys.readouterr().err)
     assert "is a `loomrl train` run" in err and "trajectories/step-NNNNNN.parquet" in err
     assert main(["experience", str(tmp_path / "nothing")]) == 2
-    assert "is a loomrl run directory?" in flat(capsys.readouterr().err)
+    assert "nothing a loomrl run directory?" in flat(capsys.readouterr().err)
