@@ -1,15 +1,20 @@
 """Helpers for the crash tests: read a run's buffer log while it runs, kill the run with
-SIGKILL at a moment with finished groups and samples checkpointed mid-episode, and check
-a resumed run's output against what the log held at the kill."""
+SIGKILL at a chosen moment (e.g. one with finished groups and samples checkpointed
+mid-episode, or a seeded point of its progress), and check a resumed run's output
+against what the log held at the kill."""
 
 from __future__ import annotations
 
+import contextlib
+import itertools
 import os
+import random
 import signal
 import sqlite3
 import subprocess
 import time
-from dataclasses import dataclass
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -25,6 +30,8 @@ class Snapshot:
 
     finished: dict[int, list[Trajectory]]  # group id -> its samples, in order
     partial: dict[tuple[int, int], Trajectory]  # (group id, sample) -> prefix so far
+    # (group id, sample) -> a sample that ended while its group still ran
+    ended: dict[tuple[int, int], Trajectory] = field(default_factory=dict)
 
 
 def logged(run_dir: Path) -> tuple[dict[int, str], dict[tuple[int, int], Any]]:
@@ -45,7 +52,78 @@ def snapshot(run_dir: Path) -> Snapshot:
         for key, s in samples.items()
         if statuses[key[0]] == "pending" and not s.done and s.traj.turns >= 1
     }
-    return Snapshot(finished, partial)
+    ended = {key: s.traj for key, s in samples.items() if statuses[key[0]] == "pending" and s.done}
+    return Snapshot(finished, partial, ended)
+
+
+def peek(run_dir: Path) -> Snapshot:
+    """``snapshot`` of a run that may not have created its log yet (then: empty)."""
+    if not (run_dir / "buffer.sqlite").exists():
+        return Snapshot({}, {})
+    try:
+        return snapshot(run_dir)
+    except (sqlite3.OperationalError, BufferLogError):  # being created
+        return Snapshot({}, {})
+
+
+def turns_logged(run_dir: Path) -> int:
+    """Model turns checkpointed in the log, over every sample: a rollout's progress (it
+    only grows, across resumes too, while samples continue rather than restart)."""
+    if not (run_dir / "buffer.sqlite").exists():
+        return 0
+    try:
+        _, samples = logged(run_dir)
+    except (sqlite3.OperationalError, BufferLogError):  # being created
+        return 0
+    return sum(s.traj.turns for s in samples.values())
+
+
+def seeded_points(seed: int, edges: Sequence[int]) -> list[int]:
+    """One point drawn uniformly from each stratum ``[edges[i], edges[i + 1])``: increasing
+    points spread over the run (early to late), the same ones for the same seed."""
+    rng = random.Random(seed)
+    return [rng.randrange(lo, hi) for lo, hi in itertools.pairwise(edges)]
+
+
+def kill_when(
+    cmd: list[str],
+    reached: Callable[[], str | None],
+    *,
+    why: str,
+    timeout: float = 120,
+    env: dict[str, str] | None = None,
+) -> str:
+    """Run ``cmd`` in its own session and SIGKILL the whole session (vLLM's children too)
+    as soon as ``reached()`` describes the moment (returns a string, not None); return
+    that description. Fails, saying ``why``, if the process ends by itself first (the
+    kill would not have landed mid-run) or the moment does not come within ``timeout``."""
+    child = subprocess.Popen(cmd, start_new_session=True, env=env)
+    try:
+        deadline = time.monotonic() + timeout
+        while True:
+            if child.poll() is not None:
+                pytest.fail(f"{why}: the process ended (exit status {child.returncode}) first")
+            moment = reached()
+            if moment is not None:
+                _kill_session(child)
+                if child.returncode != -signal.SIGKILL:
+                    pytest.fail(
+                        f"{why}: the process ended (exit status {child.returncode}) before "
+                        f"the kill at {moment}"
+                    )
+                return moment
+            if time.monotonic() > deadline:
+                pytest.fail(f"{why}: the moment did not come within {timeout} s")
+            time.sleep(0.02)
+    finally:
+        if child.poll() is None:
+            _kill_session(child)
+
+
+def _kill_session(child: subprocess.Popen[Any]) -> None:
+    with contextlib.suppress(ProcessLookupError):  # the session is gone already
+        os.killpg(child.pid, signal.SIGKILL)
+    child.wait()
 
 
 def kill_mid_production(
@@ -53,26 +131,16 @@ def kill_mid_production(
 ) -> Snapshot:
     """Run ``cmd`` in its own session and SIGKILL the whole session (vLLM's children
     too) once the log holds >= 1 finished group and >= 2 samples mid-episode."""
-    child = subprocess.Popen(cmd, start_new_session=True, env=env)
-    try:
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            assert child.poll() is None, "the rollout ended before it could be killed"
-            if (run_dir / "buffer.sqlite").exists():
-                try:
-                    seen = snapshot(run_dir)
-                except (sqlite3.OperationalError, BufferLogError):  # being created
-                    seen = Snapshot({}, {})
-                if len(seen.finished) >= 1 and len(seen.partial) >= 2:
-                    os.killpg(child.pid, signal.SIGKILL)
-                    child.wait()
-                    return snapshot(run_dir)
-            time.sleep(0.02)
-        pytest.fail(f"no moment with finished groups and in-flight samples in {timeout} s")
-    finally:
-        if child.poll() is None:
-            os.killpg(child.pid, signal.SIGKILL)
-            child.wait()
+
+    def reached() -> str | None:
+        seen = peek(run_dir)
+        if len(seen.finished) >= 1 and len(seen.partial) >= 2:
+            return f"{len(seen.finished)} groups finished, {len(seen.partial)} samples mid-episode"
+        return None
+
+    why = "no moment with finished groups and in-flight samples"
+    kill_when(cmd, reached, why=why, timeout=timeout, env=env)
+    return snapshot(run_dir)
 
 
 def check_resumed(rows: list[dict[str, Any]], seen: Snapshot, examples: int, n: int) -> None:
@@ -92,6 +160,11 @@ def check_resumed(rows: list[dict[str, Any]], seen: Snapshot, examples: int, n: 
             row = by_key[gid, traj.sample_index]
             assert row["completion_ids"] == traj.completion_ids
             assert row["reward"] == traj.reward
+    for (gid, index), traj in seen.ended.items():
+        row = by_key[gid, index]
+        assert row["completion_ids"] == traj.completion_ids
+        assert row["logprobs"] == pytest.approx(traj.logprobs)
+        assert row["turns"] == traj.turns
     for (gid, index), traj in seen.partial.items():
         row = by_key[gid, index]
         cut = len(traj.completion_ids)
