@@ -99,9 +99,16 @@ async def run_rollout(
         (out / "config.toml").write_text(tomli_w.dumps(toml_ready(config.model_dump(mode="json"))))
     buffer = open_buffer(out / BUFFER) if config.mode == "continuous" else None
     try:
-        with console.status(f"starting the engine for {escape(config.model)}"):
-            engine = (make_engine or vllm_engine)(config)
-        results, extra = await _run(config, engine, env, examples, sampling, buffer, console)
+        if buffer is not None and _all_ended(buffer, config.env, len(examples)):
+            # A resumed run that had finished producing (killed while writing its files):
+            # nothing is left to generate, so no engine is started.
+            trajs = buffer.trajectories(ENDED)
+            results = Rollouts(trajs, compute_metrics(trajs, config.n, 0.0))
+            extra = {f"producer/{k}": v for k, v in producer_metrics(buffer).items()}
+        else:
+            with console.status(f"starting the engine for {escape(config.model)}"):
+                engine = (make_engine or vllm_engine)(config)
+            results, extra = await _run(config, engine, env, examples, sampling, buffer, console)
     finally:
         if buffer is not None:
             buffer.close()
@@ -150,6 +157,11 @@ async def _run(
             return Rollouts(trajs, compute_metrics(trajs, config.n, elapsed)), extra
     finally:
         await engine.close()
+
+
+def _all_ended(buffer: ReplayBuffer, task: str, examples: int) -> bool:
+    """Every example's group was launched and has ended (none waits or runs)."""
+    return not buffer.waiting() and buffer.progress.task(task).launched >= examples
 
 
 async def _produce(

@@ -59,6 +59,15 @@ def test_resume_accepts_agreeing_flags_and_keeps_config_toml(cli, scripted, run)
     assert result.code == 0, result.err
     assert (run / "config.toml").read_bytes() == before
     assert len(read_trajectories(run / "trajectories.parquet")) == 4  # nothing produced twice
+    assert not scripted  # every group had ended: no engine was started
+
+
+def test_resuming_a_finished_run_rewrites_the_same_trajectories(cli, scripted, run):
+    before = read_trajectories(run / "trajectories.parquet")
+    (run / "trajectories.parquet").unlink()  # killed while writing its files, say
+    assert cli("rollout", "--resume", run).code == 0
+    assert read_trajectories(run / "trajectories.parquet") == before
+    assert not scripted
 
 
 @pytest.mark.parametrize(
