@@ -92,6 +92,18 @@ def _engine_arg_names() -> set[str]:
     return names | {f.name for f in dataclasses.fields(AsyncEngineArgs)}
 
 
+def check_resume_alone(args: Any) -> None:
+    """``--resume`` continues a run in place: a second run directory or a fresh start is a
+    contradiction, refused before anything is read."""
+    if args.out is not None:
+        raise UsageError(
+            f"--out and --resume both name a run directory; --resume {args.resume} "
+            "continues that run in place (drop --out)"
+        )
+    if args.overwrite:
+        raise UsageError("--overwrite starts a run over; --resume continues one: pick one")
+
+
 def check_agrees(
     recorded: Config,
     run_dir: Path,

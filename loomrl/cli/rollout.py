@@ -8,8 +8,15 @@ import asyncio
 from pathlib import Path
 from typing import Any
 
-from loomrl.cli.checks import check_agrees, check_engine_args, check_envs, check_model, load_config
-from loomrl.cli.output import UsageError, console
+from loomrl.cli.checks import (
+    check_agrees,
+    check_engine_args,
+    check_envs,
+    check_model,
+    check_resume_alone,
+    load_config,
+)
+from loomrl.cli.output import console
 from loomrl.config import RolloutConfig
 from loomrl.models import DEFAULT_MODEL
 
@@ -55,13 +62,7 @@ def requested(args: argparse.Namespace) -> RolloutConfig:
     overrides = {name: getattr(args, name) for name in FLAGS}
     if args.resume is None:
         return load_config(RolloutConfig, args.config, overrides)
-    if args.out is not None:
-        raise UsageError(
-            f"--out and --resume both name a run directory; --resume {args.resume} "
-            "continues that run in place (drop --out)"
-        )
-    if args.overwrite:
-        raise UsageError("--overwrite starts a run over; --resume continues one: pick one")
+    check_resume_alone(args)
     recorded = resume_config(args.resume)
     check_agrees(recorded, args.resume, args.config, overrides)
     check_buffer(args.resume / BUFFER)

@@ -15,7 +15,14 @@ import importlib.util
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from loomrl.cli.checks import check_agrees, check_engine_args, check_envs, check_model, load_config
+from loomrl.cli.checks import (
+    check_agrees,
+    check_engine_args,
+    check_envs,
+    check_model,
+    check_resume_alone,
+    load_config,
+)
 from loomrl.cli.output import UsageError, console, print_note
 from loomrl.models import DEFAULT_MODEL
 
@@ -49,13 +56,7 @@ def requested(args: argparse.Namespace) -> tuple[TrainConfig, int | None]:
     overrides = {"steps": args.steps, "seed": args.seed, "out": args.out, "model": args.model}
     if args.resume is None:
         return load_config(TrainConfig, args.config, overrides), None
-    if args.out is not None:
-        raise UsageError(
-            f"--out and --resume both name a run directory; --resume {args.resume} "
-            "continues that run in place (drop --out)"
-        )
-    if args.overwrite:
-        raise UsageError("--overwrite starts a run over; --resume continues one: pick one")
+    check_resume_alone(args)
     recorded = resume_config(args.resume)
     asked = check_agrees(recorded, args.resume, args.config, overrides, skip=("out", "steps"))
     steps = recorded.steps if args.steps is None else args.steps

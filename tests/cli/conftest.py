@@ -5,15 +5,20 @@ them with scripted engines over the real tokenizer for the runs that should succ
 
 from __future__ import annotations
 
+import asyncio
 import itertools
+import shutil
+import tomllib
 from dataclasses import dataclass
 
 import pytest
+from train_runs import TINY_TRAIN
 
 from loomrl import rollout_cli
 from loomrl.cli import generate, main
 from loomrl.engines import ScriptedEngine
 from loomrl.train import loop
+from loomrl.train.config import TrainConfig
 
 
 @dataclass
@@ -75,3 +80,26 @@ def scripted(monkeypatch, tokenizer):
     monkeypatch.setattr(loop, "engine_factory", lambda config: lambda d, v: engine(v))
     monkeypatch.setattr(generate, "make_engine", lambda model, max_len: engine())
     return made
+
+
+@pytest.fixture(scope="module")
+def finished(tmp_path_factory, tokenizer):
+    """A complete ``TINY_TRAIN`` run (written once per module; tests work on copies)."""
+    out = tmp_path_factory.mktemp("finished") / "run"
+    config = TrainConfig.load(None, tomllib.loads(TINY_TRAIN)["train"])
+
+    def make(model_dir, version):
+        engine = ScriptedEngine(lambda ids, p: "Answer: 3", tokenizer=tokenizer)
+        engine.set_policy_version(version)
+        return engine
+
+    asyncio.run(loop.train(config.model_copy(update={"out": out}), out, make_engine=make))
+    return out
+
+
+@pytest.fixture
+def run(finished, tmp_path):
+    """A copy of the finished run that a test may damage."""
+    copy = tmp_path / "run"
+    shutil.copytree(finished, copy)
+    return copy

@@ -5,7 +5,6 @@ engine starts (the autouse ``no_vllm`` fixture fails a test that starts one)."""
 
 from __future__ import annotations
 
-import asyncio
 import importlib.util
 import json
 import shutil
@@ -13,56 +12,17 @@ import tomllib
 
 import pytest
 import torch
+from train_runs import TINY_TRAIN
 
-from loomrl.engines import ScriptedEngine
 from loomrl.rundir import BUFFER
 from loomrl.train.checkpoint import list_checkpoints
-from loomrl.train.config import TrainConfig
-from loomrl.train.loop import train
-
-TINY = """[train]
-model = "tiny-random"
-env = "arith"
-steps = 2
-prompts_per_step = 1
-n = 2
-max_tokens = 4
-max_len = 128
-checkpoint_every = 1
-lr = 0.001
-
-[train.env_args]
-max_operand = 5
-"""
 
 
 @pytest.fixture
 def file(tmp_path):
     path = tmp_path / "tiny.toml"
-    path.write_text(TINY)
+    path.write_text(TINY_TRAIN)
     return path
-
-
-@pytest.fixture(scope="module")
-def finished(tmp_path_factory, tokenizer):
-    """A complete two-step run (written once per module; tests work on copies)."""
-    out = tmp_path_factory.mktemp("finished") / "run"
-    config = TrainConfig.load(None, tomllib.loads(TINY)["train"])
-
-    def make(model_dir, version):
-        engine = ScriptedEngine(lambda ids, p: "Answer: 3", tokenizer=tokenizer)
-        engine.set_policy_version(version)
-        return engine
-
-    asyncio.run(train(config.model_copy(update={"out": out}), out, make_engine=make))
-    return out
-
-
-@pytest.fixture
-def run(finished, tmp_path):
-    copy = tmp_path / "run"
-    shutil.copytree(finished, copy)
-    return copy
 
 
 def snapshot(path):
@@ -140,7 +100,7 @@ def test_resume_refuses_flags_and_file_values_that_disagree(cli, run, file, tmp_
         "the run has 0 (drop the flag or make it agree)"
     )
     other = tmp_path / "other.toml"
-    other.write_text(TINY.replace("lr = 0.001", "lr = 0.5"))
+    other.write_text(TINY_TRAIN.replace("lr = 0.001", "lr = 0.5"))
     result = cli("train", other, "--resume", run)
     assert result.code == 2
     assert f"{other} sets lr = 0.5, the run has 0.001" in result.error
@@ -305,7 +265,7 @@ def test_missing_config_file_and_bad_flags(cli, tmp_path):
 
 def test_steps_in_file_does_not_extend_a_resumed_run_and_says_so(cli, run, file):
     before = (run / "config.toml").read_bytes()
-    file.write_text(TINY.replace("steps = 2", "steps = 5"))
+    file.write_text(TINY_TRAIN.replace("steps = 2", "steps = 5"))
     result = cli("train", file, "--resume", run)
     assert result.code == 0, result.err
     assert f"note: {file} has steps = 5; the run trains to its own 2 (--steps N" in result.err

@@ -4,52 +4,14 @@ run it then fails to resume; an empty buffer log never starts a finished run ove
 
 from __future__ import annotations
 
-import asyncio
 import shutil
-import tomllib
 
 import pytest
 import torch
 
-from loomrl.engines import ScriptedEngine
 from loomrl.rundir import BUFFER
-from loomrl.train.config import TrainConfig
-from loomrl.train.loop import train
 
-TINY = """[train]
-model = "tiny-random"
-env = "arith"
-steps = 2
-prompts_per_step = 1
-n = 2
-max_tokens = 4
-max_len = 128
-checkpoint_every = 1
-lr = 0.001
-"""
 STEP = "checkpoints/step-000002"
-
-
-@pytest.fixture(scope="module")
-def finished(tmp_path_factory, tokenizer):
-    """A complete two-step training run (written once; tests damage copies)."""
-    out = tmp_path_factory.mktemp("finished") / "run"
-    config = TrainConfig.load(None, tomllib.loads(TINY)["train"])
-
-    def make(model_dir, version):
-        engine = ScriptedEngine(lambda ids, p: "Answer: 3", tokenizer=tokenizer)
-        engine.set_policy_version(version)
-        return engine
-
-    asyncio.run(train(config.model_copy(update={"out": out}), out, make_engine=make))
-    return out
-
-
-@pytest.fixture
-def run(finished, tmp_path):
-    copy = tmp_path / "run"
-    shutil.copytree(finished, copy)
-    return copy
 
 
 def write(name, data):
