@@ -16,7 +16,7 @@ from loomrl.envs.base import (
     make_dataset,
     split_score,
 )
-from loomrl.envs.registry import available, load, register
+from loomrl.envs.registry import available, load, register, register_family
 from loomrl.envs.tools import ToolEnv
 
 __all__ = [
@@ -32,5 +32,6 @@ __all__ = [
     "load",
     "make_dataset",
     "register",
+    "register_family",
     "split_score",
 ]

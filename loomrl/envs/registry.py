@@ -2,6 +2,11 @@
 
 Each entry is a factory (usually the class) and a one-line description for
 ``loomrl envs``. Callers always go through ``load``; there is no other lookup.
+A *family* is a prefix whose factory takes the part after the colon first:
+``register_family("reasoning_gym", factory, ...)`` makes ``load("reasoning_gym:leg_counting",
+size=8)`` call ``factory("leg_counting", size=8)`` (adapters to other packages' envs).
+A family may give ``check`` (raise ``ValueError`` for an unknown member, cheaply: it runs
+before any engine starts).
 ``check_args`` checks keyword arguments against the factory's signature and type hints
 without building anything; ``load`` runs it first, so a bad ``env_args`` key or value is
 an ``EnvArgsError`` naming the environment, the argument and what it takes.
@@ -9,6 +14,7 @@ an ``EnvArgsError`` naming the environment, the argument and what it takes.
 
 from __future__ import annotations
 
+import functools
 import inspect
 import typing
 from collections.abc import Callable, Mapping
@@ -35,6 +41,16 @@ class _Entry:
 _ENVS: dict[str, _Entry] = {}
 
 
+@dataclass(frozen=True, slots=True)
+class _Family:
+    factory: Callable[..., Environment]
+    description: str
+    check: Callable[[str], None] | None
+
+
+_FAMILIES: dict[str, _Family] = {}
+
+
 def register(name: str, factory: EnvFactory, description: str, *, replace: bool = False) -> None:
     """Make ``load(name, **kw)`` return ``factory(**kw)``; a taken name needs ``replace``."""
     if not name or ":" in name or name != name.strip():
@@ -42,6 +58,25 @@ def register(name: str, factory: EnvFactory, description: str, *, replace: bool 
     if name in _ENVS and not replace:
         raise ValueError(f"environment {name!r} is already registered (pass replace=True)")
     _ENVS[name] = _Entry(factory, " ".join(description.split()))
+
+
+def register_family(
+    prefix: str,
+    factory: Callable[..., Environment],
+    description: str,
+    *,
+    check: Callable[[str], None] | None = None,
+    replace: bool = False,
+) -> None:
+    """Make ``load(f"{prefix}:{member}", **kw)`` return ``factory(member, **kw)``.
+
+    ``check(member)`` (optional) raises ``ValueError`` for a member that does not exist;
+    ``load`` and ``check_args`` call it before the factory."""
+    if not prefix or ":" in prefix or prefix != prefix.strip():
+        raise ValueError(f"invalid environment family {prefix!r}")
+    if prefix in _FAMILIES and not replace:
+        raise ValueError(f"environment family {prefix!r} is already registered")
+    _FAMILIES[prefix] = _Family(factory, " ".join(description.split()), check)
 
 
 class EnvArgsError(TypeError, ValueError):
@@ -55,10 +90,10 @@ def load(name: str, **kwargs: Any) -> Environment:
     """A new environment registered as ``name``, built with ``kwargs`` (checked first
     by ``check_args``; the factory's own ``TypeError``/``ValueError`` about them comes
     back as an ``EnvArgsError`` naming the environment)."""
-    entry = _entry(name)
+    factory = _factory(name)
     check_args(name, kwargs)
     try:
-        env = entry.factory(**kwargs)
+        env = factory(**kwargs)
     except (TypeError, ValueError) as exc:
         if isinstance(exc, EnvArgsError):
             raise
@@ -78,7 +113,7 @@ def check_args(name: str, kwargs: Mapping[str, Any]) -> None:
     a value that does not match the parameter's type hint (checked strictly: ``"3"`` is not
     an ``int``, ``true`` is not a number; hints it cannot check are not checked).
     An unknown ``name`` is a ``ValueError`` listing the known ones."""
-    factory = _entry(name).factory
+    factory = _factory(name)
     try:
         signature = inspect.signature(factory)
     except (TypeError, ValueError):  # a builtin or C callable: nothing to check against
@@ -109,22 +144,50 @@ def check_args(name: str, kwargs: Mapping[str, Any]) -> None:
 
 
 def available() -> dict[str, str]:
-    """``{name: one-line description}`` of every registered environment, sorted by name."""
-    return {name: _ENVS[name].description for name in sorted(_ENVS)}
+    """``{name: one-line description}`` of every registered environment and family
+    (as ``prefix:NAME``), sorted by name."""
+    names = {name: _ENVS[name].description for name in _ENVS}
+    names.update({f"{p}:NAME": f.description for p, f in _FAMILIES.items()})
+    return dict(sorted(names.items()))
 
 
-def _entry(name: str) -> _Entry:
+def _factory(name: str) -> EnvFactory:
+    """The factory ``load(name)`` calls: a registered env's, or a family's with its member
+    bound (checked by the family's ``check``)."""
     entry = _ENVS.get(name)
-    if entry is None:
+    if entry is not None:
+        return entry.factory
+    prefix, colon, member = name.partition(":")
+    family = _FAMILIES.get(prefix) if colon else None
+    if family is None:
+        known = sorted(_ENVS) + [f"{p}:NAME" for p in sorted(_FAMILIES)]
         raise ValueError(
-            f"unknown environment {redact_text(name)!r}; known environments: "
-            f"{', '.join(sorted(_ENVS))}"
+            f"unknown environment {redact_text(name)!r}; known environments: {', '.join(known)}"
         )
-    return entry
+    if not member.strip():
+        raise ValueError(f"environment {name!r} names no {prefix} member after the colon")
+    if family.check is not None:
+        family.check(member)
+    return _bound(family.factory, member)
+
+
+def _bound(factory: Callable[..., Environment], member: str) -> EnvFactory:
+    """``factory`` with its first parameter fixed to ``member``; its signature (and type
+    hints, for ``check_args``) are those of the remaining parameters."""
+    bound = functools.partial(factory, member)
+    try:
+        signature = inspect.signature(factory)
+        params = list(signature.parameters.values())[1:]
+        bound.__signature__ = signature.replace(parameters=params)  # type: ignore[attr-defined]
+    except (TypeError, ValueError):
+        pass
+    bound.__wrapped_factory__ = factory  # type: ignore[attr-defined]
+    return bound  # type: ignore[return-value]
 
 
 def _hints(factory: EnvFactory) -> dict[str, Any]:
     """Resolved type hints of the factory's parameters ({} if they do not resolve)."""
+    factory = getattr(factory, "__wrapped_factory__", factory)
     target = factory.__init__ if inspect.isclass(factory) else factory  # type: ignore[misc]
     try:
         return typing.get_type_hints(target)
