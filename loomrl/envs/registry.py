@@ -6,7 +6,7 @@ A *family* is a prefix whose factory takes the part after the colon first:
 ``register_family("reasoning_gym", factory, ...)`` makes ``load("reasoning_gym:leg_counting",
 size=8)`` call ``factory("leg_counting", size=8)`` (adapters to other packages' envs).
 A family may give ``check`` (raise ``ValueError`` for an unknown member, cheaply: it runs
-before any engine starts).
+before any engine starts) and ``members`` (list them, for ``loomrl envs PREFIX``).
 ``check_args`` checks keyword arguments against the factory's signature and type hints
 without building anything; ``load`` runs it first, so a bad ``env_args`` key or value is
 an ``EnvArgsError`` naming the environment, the argument and what it takes.
@@ -23,6 +23,7 @@ from typing import Any
 
 from pydantic import PydanticSchemaGenerationError, TypeAdapter, ValidationError
 
+from loomrl.envs.adapters import reasoning_gym as rg_adapter
 from loomrl.envs.arith import ArithEnv
 from loomrl.envs.base import Environment
 from loomrl.envs.calculator import CalculatorEnv
@@ -46,6 +47,7 @@ class _Family:
     factory: Callable[..., Environment]
     description: str
     check: Callable[[str], None] | None
+    members: Callable[[], list[str]] | None
 
 
 _FAMILIES: dict[str, _Family] = {}
@@ -66,17 +68,19 @@ def register_family(
     description: str,
     *,
     check: Callable[[str], None] | None = None,
+    members: Callable[[], list[str]] | None = None,
     replace: bool = False,
 ) -> None:
     """Make ``load(f"{prefix}:{member}", **kw)`` return ``factory(member, **kw)``.
 
     ``check(member)`` (optional) raises ``ValueError`` for a member that does not exist;
-    ``load`` and ``check_args`` call it before the factory."""
+    ``load`` and ``check_args`` call it before the factory. ``members()`` (optional) lists
+    the member names (``family_members``)."""
     if not prefix or ":" in prefix or prefix != prefix.strip():
         raise ValueError(f"invalid environment family {prefix!r}")
     if prefix in _FAMILIES and not replace:
         raise ValueError(f"environment family {prefix!r} is already registered")
-    _FAMILIES[prefix] = _Family(factory, " ".join(description.split()), check)
+    _FAMILIES[prefix] = _Family(factory, " ".join(description.split()), check, members)
 
 
 class EnvArgsError(TypeError, ValueError):
@@ -151,6 +155,18 @@ def available() -> dict[str, str]:
     return dict(sorted(names.items()))
 
 
+def family_members(prefix: str) -> list[str]:
+    """The members of the family ``prefix`` (``ValueError`` if there is no such family or
+    it cannot list them)."""
+    family = _FAMILIES.get(prefix)
+    if family is None:
+        known = ", ".join(sorted(_FAMILIES)) or "none"
+        raise ValueError(f"no environment family {prefix!r}; families: {known}")
+    if family.members is None:
+        raise ValueError(f"environment family {prefix!r} does not list its members")
+    return list(family.members())
+
+
 def _factory(name: str) -> EnvFactory:
     """The factory ``load(name)`` calls: a registered env's, or a family's with its member
     bound (checked by the family's ``check``)."""
@@ -217,3 +233,7 @@ def hint_name(hint: Any) -> str:
 register("arith", ArithEnv, "single-turn integer arithmetic; exact answer plus a format bonus")
 register("guess_number", GuessNumberEnv, "multi-turn number guessing with higher/lower hints")
 register("calculator", CalculatorEnv, "arithmetic with a calculate() tool (Hermes tool calls)")
+register_family(
+    "reasoning_gym", rg_adapter.ReasoningGymEnv, rg_adapter.DESCRIPTION,
+    check=rg_adapter.check_task, members=rg_adapter.task_names,
+)  # fmt: skip

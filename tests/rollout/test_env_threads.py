@@ -53,8 +53,10 @@ async def test_sync_methods_run_where_the_env_asks(make_engine, nonblocking, fro
 
 
 async def test_builtin_envs_declare_nonblocking_methods():
+    # Families (``prefix:NAME``) adapt other packages, whose code may block: not theirs.
     for name in loomrl.envs.available():
-        assert loomrl.envs.load(name).nonblocking, name
+        if ":" not in name:
+            assert loomrl.envs.load(name).nonblocking, name
 
 
 # -- inline calls stay bounded ---------------------------------------------------------------
