@@ -99,6 +99,11 @@ class Environment(abc.ABC):
     #: (a thread hop costs 0.1-0.5 ms; env_timeout cannot interrupt inline calls).
     nonblocking: bool = False
     system_prompt: str | None = None
+    #: How ``EnvStep.reward`` values and ``score`` make the episode's reward: "final",
+    #: "sum", "final+sum" or "discounted" (by ``turn_discount`` per turn); see
+    #: ``loomrl.rollout.turn_rewards``. A run may override both.
+    turn_reward: str = "final"
+    turn_discount: float = 1.0
 
     def reset(self, example: dict[str, Any]) -> EnvState:
         """Open an episode for ``example``."""

@@ -39,7 +39,7 @@ def test_the_family_is_listed_once_with_a_placeholder():
 
 @pytest.mark.parametrize("name", ["fam:zzz", "fam:", "other:a"])
 def test_unknown_members_and_prefixes_are_refused_before_building(name):
-    with pytest.raises(ValueError, match="zzz|no fam member|unknown environment"):
+    with pytest.raises(ValueError, match=r"zzz|no fam member|unknown environment"):
         check_args(name, {})
 
 
