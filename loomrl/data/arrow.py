@@ -9,6 +9,8 @@ is not a packaged builder is refused, so nothing is ever looked up or downloaded
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -61,8 +63,9 @@ def from_disk(path: Path) -> Source:
     where = str(path)
     datasets = datasets_module(where)
     try:
-        loaded = datasets.load_from_disk(str(path))
-    except (FileNotFoundError, ValueError, OSError) as exc:
+        with _quiet(datasets):
+            loaded = datasets.load_from_disk(str(path))
+    except Exception as exc:  # datasets raises many kinds for a damaged directory
         raise DataError(f"{where}: not a readable `datasets` directory ({exc})") from None
     return _source(where, loaded, datasets)
 
@@ -80,16 +83,27 @@ def via_load_dataset(builder: str, path: Path) -> Source:
             f"or a `datasets` builder: {', '.join(sorted(_PACKAGED_DATASETS_MODULES))}"
         )
     files = {"data_dir": str(path)} if path.is_dir() else {"data_files": {"train": str(path)}}
-    shown = datasets.is_progress_bar_enabled()
-    datasets.disable_progress_bars()
     try:
-        loaded = datasets.load_dataset(builder, **files)
+        with _quiet(datasets):
+            loaded = datasets.load_dataset(builder, **files)
     except Exception as exc:  # builders raise many kinds for a file they cannot read
         raise DataError(f"{where}: `datasets` cannot read it as {builder} ({exc})") from None
-    finally:
-        if shown:
-            datasets.enable_progress_bars()
     return _source(where, loaded, datasets)
+
+
+@contextlib.contextmanager
+def _quiet(datasets: Any) -> Iterator[None]:
+    """No progress bars or warnings from ``datasets`` while it reads (a bad file is
+    reported once, as a ``DataError``); its settings are restored after."""
+    bars, level = datasets.is_progress_bar_enabled(), datasets.logging.get_verbosity()
+    datasets.disable_progress_bars()
+    datasets.logging.set_verbosity_error()
+    try:
+        yield
+    finally:
+        datasets.logging.set_verbosity(level)
+        if bars:
+            datasets.enable_progress_bars()
 
 
 def _source(where: str, loaded: Any, datasets: Any) -> Source:

@@ -1,8 +1,8 @@
 """Text formats read with the standard library: JSON Lines, JSON, CSV and TSV.
 
 Each may be compressed (``.gz``, ``.bz2``, ``.xz``) and is read as UTF-8 (a byte-order
-mark is skipped). JSON Lines and CSV are streamed: one line or record at a time, so a
-file far larger than memory can give its first ``limit`` rows.
+mark is skipped) one line at a time, so a bad byte is reported on its line. JSON Lines
+and CSV are streamed: a file far larger than memory can give its first ``limit`` rows.
 
 CSV goes through the standard ``csv`` module, not pyarrow: it streams, counts rows the
 way an editor shows them, and keeps every cell as the text written (no type guessing
@@ -17,7 +17,6 @@ import bz2
 import contextlib
 import csv
 import gzip
-import io
 import json
 import lzma
 import sys
@@ -34,16 +33,30 @@ _STREAM_ERRORS = (OSError, EOFError, lzma.LZMAError)
 
 
 @contextlib.contextmanager
-def open_text(path: Path) -> Iterator[IO[str]]:
-    """``path`` as UTF-8 text, decompressed by its suffix; an unreadable file is a
-    ``DataError`` naming it."""
+def open_binary(path: Path) -> Iterator[IO[bytes]]:
+    """``path``'s bytes, decompressed by its suffix; an unreadable file is a ``DataError``
+    naming it."""
     opener = OPENERS.get(path.suffix.lower())
     try:
         raw = opener(path, "rb") if opener else open(path, "rb")  # noqa: SIM115
     except OSError as exc:
         raise DataError(f"{path}: {exc.strerror or exc}") from None
-    with raw, io.TextIOWrapper(raw, encoding="utf-8-sig", newline="") as text:
-        yield text
+    with raw:
+        yield raw
+
+
+def text_lines(raw: IO[bytes], where: str) -> Iterator[str]:
+    """The lines of ``raw`` as UTF-8 text, line endings kept (each decoded on its own, so
+    a bad byte is reported on its line; a byte-order mark is skipped)."""
+    line = 0
+    try:
+        for line, data in enumerate(raw, 1):
+            try:
+                yield data.decode("utf-8-sig" if line == 1 else "utf-8")
+            except UnicodeDecodeError:
+                raise DataError(f"{where}: line {line}: not UTF-8 text") from None
+    except _STREAM_ERRORS as exc:
+        raise DataError(f"{where}: unreadable after line {line} ({exc})") from None
 
 
 def jsonl_table(path: Path, where: str) -> Table:
@@ -52,44 +65,45 @@ def jsonl_table(path: Path, where: str) -> Table:
 
 
 def _jsonl_rows(path: Path, where: str) -> Rows:
-    line = 0
-    with open_text(path) as f:
-        try:
-            for line, text in enumerate(f, 1):
-                if not text.strip():
-                    continue
-                try:
-                    row = json.loads(text)
-                except json.JSONDecodeError as exc:
-                    raise DataError(
-                        f"{where}: line {line}: not valid JSON ({exc.msg} at column {exc.colno})"
-                    ) from None
-                yield f"line {line}", row
-        except UnicodeDecodeError:
-            raise DataError(f"{where}: line {line + 1}: not UTF-8 text") from None
-        except _STREAM_ERRORS as exc:
-            raise DataError(f"{where}: unreadable after line {line} ({exc})") from None
+    with open_binary(path) as raw:
+        for line, text in enumerate(text_lines(raw, where), 1):
+            if not text.strip():
+                continue
+            try:
+                row = json.loads(text)
+            except json.JSONDecodeError as exc:
+                raise DataError(
+                    f"{where}: line {line}: not valid JSON ({exc.msg} at column {exc.colno})"
+                ) from None
+            yield f"line {line}", row
 
 
 def json_table(path: Path, where: str) -> Table:
     """A JSON list of rows, or an object holding exactly one list of rows (its other
     values, e.g. a version, are ignored). The document is parsed whole."""
-    with open_text(path) as f:
+    with open_binary(path) as raw:
         try:
-            data = json.load(f)
-        except UnicodeDecodeError:
-            raise DataError(f"{where}: not UTF-8 text") from None
-        except json.JSONDecodeError as exc:
-            hint = (
-                "; one object per line is JSON Lines: name the file .jsonl"
-                if exc.msg == "Extra data" else ""
-            )  # fmt: skip
-            raise DataError(
-                f"{where}: not valid JSON ({exc.msg} at line {exc.lineno} column {exc.colno}){hint}"
-            ) from None
+            data = raw.read()
         except _STREAM_ERRORS as exc:
             raise DataError(f"{where}: unreadable ({exc})") from None
-    rows = _rows_of(data, where)
+    try:
+        text = data.decode("utf-8-sig")
+    except UnicodeDecodeError as exc:
+        line = data[: exc.start].count(b"\n") + 1
+        raise DataError(f"{where}: line {line}: not UTF-8 text") from None
+    if not text.strip():
+        raise DataError(f"{where}: no rows")
+    try:
+        document = json.loads(text)
+    except json.JSONDecodeError as exc:
+        hint = (
+            "; one object per line is JSON Lines: name the file .jsonl or set format = jsonl"
+            if exc.msg == "Extra data" else ""
+        )  # fmt: skip
+        raise DataError(
+            f"{where}: not valid JSON ({exc.msg} at line {exc.lineno} column {exc.colno}){hint}"
+        ) from None
+    rows = _rows_of(document, where)
     return Table(where, None, ((f"item {i}", row) for i, row in enumerate(rows, 1)))
 
 
@@ -120,8 +134,8 @@ def csv_table(path: Path, where: str, delimiter: str = ",") -> Table:
 
 def _csv_rows(path: Path, where: str, delimiter: str) -> Rows:
     """First the header (``("header", names)``), then the rows."""
-    with open_text(path) as f, _field_limit():
-        reader = csv.reader(f, delimiter=delimiter)
+    with open_binary(path) as raw, _field_limit():
+        reader = csv.reader(text_lines(raw, where), delimiter=delimiter)
         n = 0
         try:
             header = next(reader, None) or []
@@ -138,12 +152,8 @@ def _csv_rows(path: Path, where: str, delimiter: str) -> Rows:
                         f"field(s), the header has {len(header)}"
                     )
                 yield f"row {n} (line {reader.line_num})", dict(zip(header, record, strict=True))
-        except UnicodeDecodeError:
-            raise DataError(f"{where}: row {n + 1}: not UTF-8 text") from None
         except csv.Error as exc:
             raise DataError(f"{where}: row {n + 1} (line {reader.line_num}): {exc}") from None
-        except _STREAM_ERRORS as exc:
-            raise DataError(f"{where}: unreadable after row {n} ({exc})") from None
 
 
 @contextlib.contextmanager
