@@ -137,6 +137,10 @@ def test_messages_examples_open_with_their_own_chat():
     state = env.reset(example)
     assert state.messages[0]["role"] == "system" and state.messages[1:] == chat
     assert state.messages[1] is not chat[0]  # copies: the example is never changed
+    both = env.reset({**example, "question": "ignored"}).messages
+    assert both[1:] == chat  # messages win over a question ...
+    null = env.reset({**example, "messages": None, "question": "Q?"}).messages
+    assert null[1:] == [{"role": "user", "content": "Q?"}]  # ... unless they are null
     own_system = [{"role": "system", "content": "mine"}, *chat]
     assert env.reset({**example, "messages": own_system}).messages == own_system
     # The few-shot assistant turn is not one of the model's replies.

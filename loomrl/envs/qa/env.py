@@ -1,10 +1,11 @@
 """``qa``: questions from your data, answers checked by a verifiable reward chosen by name.
 
 Examples (``loomrl.data`` loads them; the environment generates none) open with
-``question`` (the user message; a ``choices`` list is rendered under it as ``A. ...``
-lines) or ``messages`` (the chat that opens the episode, used as it is; the system prompt
-goes first unless it starts with one), and carry ``answer``, the reference each reward
-reads (``loomrl.envs.qa.checks``, ``loomrl.envs.qa.choice``).
+``messages`` (the chat that opens the episode, used as it is; the system prompt goes first
+unless it starts with one) or, when those are absent or null, ``question`` (the user
+message; a ``choices`` list is rendered under it as ``A. ...`` lines), and carry
+``answer``, the reference each reward reads (``loomrl.envs.qa.checks``,
+``loomrl.envs.qa.choice``).
 
 ``max_attempts > 1`` is the retry shape: after a wrong reply the environment says so
 (``retry_prompt``, plus the format hint when the reply missed the asked form) without
@@ -191,7 +192,7 @@ class QAEnv(Environment):
 def _opening(example: dict[str, Any], system_prompt: str | None) -> list[Message]:
     """The episode's opening messages (module docstring); a copy, never the example's own."""
     where = f"example {example.get('id')!r}"
-    if "messages" in example:
+    if example.get("messages") is not None:  # a null messages column falls back to question
         given = example["messages"]
         if not isinstance(given, list) or not given:
             raise ValueError(f"qa: {where}: 'messages' must be a non-empty list of messages")
