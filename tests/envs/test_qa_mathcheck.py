@@ -70,6 +70,17 @@ def test_pickling_keeps_settings_not_processes(checker):
     assert env.checker.timeout_s == 3.0
 
 
+def test_a_forked_copy_starts_its_own_children(checker, monkeypatch):
+    checker.equal("1", "$1$")
+    parents = set(checker._live)
+    monkeypatch.setattr("os.getpid", lambda: -1)  # as in a forked process
+    assert checker.equal("1", "$1$") is True
+    assert checker._live and not checker._live & parents
+    assert all(child.proc.poll() is None for child in parents)  # left running
+    for child in parents:
+        child.kill()
+
+
 def test_bad_settings():
     with pytest.raises(ValueError, match="timeout_s > 0"):
         MathChecker(timeout_s=0)

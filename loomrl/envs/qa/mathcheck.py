@@ -52,7 +52,8 @@ class MathChecker:
 
     Thread-safe: concurrent calls use up to ``workers`` children at once and wait for one
     beyond that. ``timeouts`` and ``crashes`` count the checks that scored 0 because the
-    child ran past ``timeout_s`` or died. Pickling keeps the settings, not the children.
+    child ran past ``timeout_s`` or died. Pickling keeps the settings, not the children,
+    and a forked copy leaves the parent's children alone and starts its own.
     """
 
     def __init__(
@@ -67,6 +68,7 @@ class MathChecker:
         self._setup()
 
     def _setup(self) -> None:
+        self._pid = os.getpid()
         self.timeouts = self.crashes = 0
         self._idle: list[_Child] = []
         self._live: set[_Child] = set()  # every child not yet killed (idle or busy)
@@ -84,6 +86,9 @@ class MathChecker:
     def equal(self, gold: str, answer: str) -> bool:
         """Whether ``answer`` is equal to ``gold``; False when the check ran past
         ``timeout_s`` or killed its child. ``GoldError`` when ``gold`` does not parse."""
+        if self._pid != os.getpid():  # a forked copy: the children are the parent's
+            self._finalizer.detach()
+            self._setup()
         with self._slots:
             child = self._take()
             try:
