@@ -31,6 +31,7 @@ from loomrl.envs.arith import ArithEnv
 from loomrl.envs.base import Environment
 from loomrl.envs.calculator import CalculatorEnv
 from loomrl.envs.guess_number import GuessNumberEnv
+from loomrl.envs.qa import QAEnv
 from loomrl.redact import redact_text, redact_value
 
 EnvFactory = Callable[..., Environment]
@@ -249,3 +250,8 @@ def hint_name(hint: Any) -> str:
 register("arith", ArithEnv, "single-turn integer arithmetic; exact answer plus a format bonus")
 register("guess_number", GuessNumberEnv, "multi-turn number guessing with higher/lower hints")
 register("calculator", CalculatorEnv, "arithmetic with a calculate() tool (Hermes tool calls)")
+register(
+    "qa",
+    QAEnv,
+    "questions from your data (--data); reward by name: math_verify, exact, regex, choice",
+)

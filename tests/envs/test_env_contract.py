@@ -9,9 +9,15 @@ import pytest
 from loomrl.envs import EnvState, EnvStep, advance, available, call, load, split_score
 
 NAMES = sorted(available())
+# Environments over data generate no examples: the contract runs on these instead.
+DATA = {"qa": [{"id": 0, "question": "What is 0 + 0?", "answer": "0"}]}
 
 
-@pytest.mark.parametrize("name", NAMES)
+def first_example(name: str) -> dict:
+    return DATA[name][0] if name in DATA else load(name).dataset(1, seed=0)[0]
+
+
+@pytest.mark.parametrize("name", [n for n in NAMES if n not in DATA])
 def test_dataset_contract(name):
     env = load(name)
     data = env.dataset(8, seed=11)
@@ -26,7 +32,7 @@ def test_dataset_contract(name):
 async def test_episode_contract(name):
     env = load(name)
     assert env.name == name and env.max_turns >= 1
-    state = await call(env.reset, env.dataset(1, seed=0)[0])
+    state = await call(env.reset, first_example(name))
     assert isinstance(state, EnvState) and state.turn == 0
     assert state.messages and all({"role", "content"} <= set(m) for m in state.messages)
     assert state.messages[-1]["role"] == "user"
