@@ -9,7 +9,7 @@ Installed packages add environments through the entry-point group ``loomrl.envs`
 (``name = "package.module:Factory"``): a name found nowhere else is looked up there and
 registered on first use, so ``loomrl rollout --env name`` finds a package's own env.
 A family may give ``check`` (raise ``ValueError`` for an unknown member, cheaply: it runs
-before any engine starts).
+before any engine starts) and ``members`` (list them, for ``loomrl envs PREFIX``).
 ``check_args`` checks keyword arguments against the factory's signature and type hints
 without building anything; ``load`` runs it first, so a bad ``env_args`` key or value is
 an ``EnvArgsError`` naming the environment, the argument and what it takes.
@@ -27,6 +27,7 @@ from typing import Any
 
 from pydantic import PydanticSchemaGenerationError, TypeAdapter, ValidationError
 
+from loomrl.envs.adapters import reasoning_gym as rg_adapter
 from loomrl.envs.arith import ArithEnv
 from loomrl.envs.base import Environment
 from loomrl.envs.calculator import CalculatorEnv
@@ -52,6 +53,7 @@ class _Family:
     factory: Callable[..., Environment]
     description: str
     check: Callable[[str], None] | None
+    members: Callable[[], list[str]] | None
 
 
 _FAMILIES: dict[str, _Family] = {}
@@ -72,17 +74,19 @@ def register_family(
     description: str,
     *,
     check: Callable[[str], None] | None = None,
+    members: Callable[[], list[str]] | None = None,
     replace: bool = False,
 ) -> None:
     """Make ``load(f"{prefix}:{member}", **kw)`` return ``factory(member, **kw)``.
 
     ``check(member)`` (optional) raises ``ValueError`` for a member that does not exist;
-    ``load`` and ``check_args`` call it before the factory."""
+    ``load`` and ``check_args`` call it before the factory. ``members()`` (optional) lists
+    the member names (``family_members``)."""
     if not prefix or ":" in prefix or prefix != prefix.strip():
         raise ValueError(f"invalid environment family {prefix!r}")
     if prefix in _FAMILIES and not replace:
         raise ValueError(f"environment family {prefix!r} is already registered")
-    _FAMILIES[prefix] = _Family(factory, " ".join(description.split()), check)
+    _FAMILIES[prefix] = _Family(factory, " ".join(description.split()), check, members)
 
 
 class EnvArgsError(TypeError, ValueError):
@@ -157,6 +161,18 @@ def available() -> dict[str, str]:
     names.update({name: _ENVS[name].description for name in _ENVS})
     names.update({f"{p}:NAME": f.description for p, f in _FAMILIES.items()})
     return dict(sorted(names.items()))
+
+
+def family_members(prefix: str) -> list[str]:
+    """The members of the family ``prefix`` (``ValueError`` if there is no such family or
+    it cannot list them)."""
+    family = _FAMILIES.get(prefix)
+    if family is None:
+        known = ", ".join(sorted(_FAMILIES)) or "none"
+        raise ValueError(f"no environment family {prefix!r}; families: {known}")
+    if family.members is None:
+        raise ValueError(f"environment family {prefix!r} does not list its members")
+    return list(family.members())
 
 
 def _factory(name: str) -> EnvFactory:
@@ -255,3 +271,7 @@ register(
     QAEnv,
     "questions from your data (--data); reward by name: math_verify, exact, regex, choice",
 )
+register_family(
+    "reasoning_gym", rg_adapter.ReasoningGymEnv, rg_adapter.DESCRIPTION,
+    check=rg_adapter.check_task, members=rg_adapter.task_names,
+)  # fmt: skip
