@@ -22,6 +22,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from loomrl.data import DataConfig
 from loomrl.models import DEFAULT_MODEL
 from loomrl.redact import redact_text
+from loomrl.rollout.turn_rewards import TurnReward
 
 # Examples a rollout draws from an env's generator when not told how many.
 DEFAULT_EXAMPLES = 8
@@ -59,6 +60,18 @@ class RolloutConfig(BaseModel):
     top_p: float = Field(1.0, gt=0, le=1, description="nucleus sampling mass")
     concurrency: int = Field(64, ge=1, description="trajectories in flight at once")
     env_timeout: float | None = Field(30.0, gt=0, description="seconds per env call")
+    turn_reward: TurnReward | None = Field(
+        None,
+        description="how per-turn rewards count: final, sum, final+sum or discounted "
+        "(default: the environment's own; docs/environments.md)",
+    )
+    turn_discount: float | None = Field(
+        None,
+        ge=0,
+        le=1,
+        description="per-turn discount for turn_reward = 'discounted' "
+        "(default: the environment's own)",
+    )
     on_error: Literal["raise", "isolate"] = Field(
         "isolate", description="'isolate': a failing trajectory gets status error; others go on"
     )

@@ -41,6 +41,7 @@ from loomrl.producer import GroupStatus, Producer, ProducerConfig, ReplayBuffer,
 from loomrl.producer.metrics import producer_metrics
 from loomrl.rollout import Rollouts, rollout
 from loomrl.rollout.metrics import compute_metrics
+from loomrl.rollout.turn_rewards import counting_turns
 from loomrl.rundir import BUFFER, RunDirError, check_new_run, check_run, clear_run, open_buffer
 from loomrl.runs import toml_ready, write_trajectories
 from loomrl.types import SamplingParams, Trajectory
@@ -105,7 +106,7 @@ async def run_rollout(
     if not resume:
         check_new_run(out, "rollout", overwrite=overwrite)
     check_spec(config.model)
-    env = load_env(config.env, **config.env_args)
+    env = counting_turns(load_env(config.env, **config.env_args), config)
     drawn = drawn or draw_examples(config, env)
     examples = drawn.examples
     prints = {config.env: drawn.fingerprint} if drawn.fingerprint else {}

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping, Sequence
-from typing import Literal, get_args
+from typing import Literal, Protocol, TypeVar, get_args
 
 TurnReward = Literal["final", "sum", "final+sum", "discounted"]
 MODES: tuple[str, ...] = get_args(TurnReward)
@@ -64,3 +64,27 @@ def combine(
         parts = {}
     parts[TURNS] = turns
     return math.fsum(parts.values()), parts
+
+
+class _Counting(Protocol):
+    turn_reward: str
+    turn_discount: float
+
+
+class _Override(Protocol):
+    turn_reward: str | None
+    turn_discount: float | None
+
+
+E = TypeVar("E", bound=_Counting)
+
+
+def counting_turns(env: E, config: _Override) -> E:
+    """``env`` with a run's ``turn_reward`` / ``turn_discount`` (when set) in place of its
+    own: a config overrides how an environment's per-turn rewards count."""
+    if config.turn_reward is not None:
+        env.turn_reward = config.turn_reward
+    if config.turn_discount is not None:
+        env.turn_discount = config.turn_discount
+    check_mode(env.turn_reward, env.turn_discount)
+    return env

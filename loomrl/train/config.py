@@ -13,6 +13,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validat
 from loomrl.config import MAX_EXAMPLES, MAX_SEED, read_toml, table_of
 from loomrl.data import DataConfig
 from loomrl.models import DEFAULT_MODEL
+from loomrl.rollout.turn_rewards import TurnReward
 from loomrl.train.learner import LearnerConfig
 
 
@@ -29,6 +30,18 @@ class TaskConfig(BaseModel):
     env_args: dict[str, Any] = Field(default_factory=dict, description="environment kwargs")
     data: DataConfig | None = Field(
         None, description="examples from a data file (cycled in epochs) instead of the env's"
+    )
+    turn_reward: TurnReward | None = Field(
+        None,
+        description="how per-turn rewards count: final, sum, final+sum or discounted "
+        "(default: the environment's own; docs/environments.md)",
+    )
+    turn_discount: float | None = Field(
+        None,
+        ge=0,
+        le=1,
+        description="per-turn discount for turn_reward = 'discounted' "
+        "(default: the environment's own)",
     )
 
 
@@ -58,6 +71,18 @@ class TrainConfig(BaseModel):
     )
     concurrency: int = Field(64, ge=1, description="trajectories in flight")
     env_timeout: float | None = Field(30.0, gt=0, description="seconds per env call")
+    turn_reward: TurnReward | None = Field(
+        None,
+        description="how per-turn rewards count: final, sum, final+sum or discounted "
+        "(default: the environment's own; docs/environments.md)",
+    )
+    turn_discount: float | None = Field(
+        None,
+        ge=0,
+        le=1,
+        description="per-turn discount for turn_reward = 'discounted' "
+        "(default: the environment's own)",
+    )
     tasks: dict[str, TaskConfig] = Field(
         default_factory=dict,
         description="task name -> env (default: the name), weight, env_args and data; several "
@@ -149,9 +174,25 @@ class TrainConfig(BaseModel):
         """The tasks to train on: ``tasks``, or the single ``env`` with ``env_args`` and
         ``data``; each with its ``env`` set (a task's defaults to its name)."""
         if not self.tasks:
-            return {self.env: TaskConfig(env=self.env, env_args=self.env_args, data=self.data)}
+            return {
+                self.env: TaskConfig(
+                    env=self.env,
+                    env_args=self.env_args,
+                    data=self.data,
+                    turn_reward=self.turn_reward,
+                    turn_discount=self.turn_discount,
+                )
+            }
         return {
-            name: spec if spec.env else spec.model_copy(update={"env": name})
+            name: spec.model_copy(
+                update={
+                    "env": spec.env or name,
+                    "turn_reward": spec.turn_reward or self.turn_reward,
+                    "turn_discount": (
+                        self.turn_discount if spec.turn_discount is None else spec.turn_discount
+                    ),
+                }
+            )
             for name, spec in self.tasks.items()
         }
 

@@ -29,6 +29,7 @@ from loomrl.producer.metrics import producer_metrics
 from loomrl.rollout import Rollouts
 from loomrl.rollout.metrics import compute_metrics
 from loomrl.rollout.scoring import SCORED
+from loomrl.rollout.turn_rewards import counting_turns
 from loomrl.rundir import BUFFER, check_new_run, clear_run, open_buffer
 from loomrl.runs import write_trajectories
 from loomrl.train.checkpoint import (
@@ -192,8 +193,9 @@ def draw_tasks(config: TrainConfig) -> dict[str, Drawn]:
 def _tasks(config: TrainConfig, drawn: Mapping[str, Drawn]) -> list[Task]:
     """One task per ``task_specs`` entry over its drawn examples."""
     return [
-        Task(name, load_env(spec.env or name, **spec.env_args), drawn[name].examples, spec.weight)
+        Task(name, env, drawn[name].examples, spec.weight)
         for name, spec in config.task_specs().items()
+        for env in [counting_turns(load_env(spec.env or name, **spec.env_args), spec)]
     ]
 
 
