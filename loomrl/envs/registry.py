@@ -23,6 +23,7 @@ from typing import Any
 
 from pydantic import PydanticSchemaGenerationError, TypeAdapter, ValidationError
 
+from loomrl.envs.adapters import textarena
 from loomrl.envs.arith import ArithEnv
 from loomrl.envs.base import Environment
 from loomrl.envs.calculator import CalculatorEnv
@@ -217,3 +218,4 @@ def hint_name(hint: Any) -> str:
 register("arith", ArithEnv, "single-turn integer arithmetic; exact answer plus a format bonus")
 register("guess_number", GuessNumberEnv, "multi-turn number guessing with higher/lower hints")
 register("calculator", CalculatorEnv, "arithmetic with a calculate() tool (Hermes tool calls)")
+register_family("textarena", textarena.TextArenaEnv, textarena.DESCRIPTION, check=textarena.check)
