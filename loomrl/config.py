@@ -19,9 +19,12 @@ from typing import Any, Literal, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
+from loomrl.data import DataConfig
 from loomrl.models import DEFAULT_MODEL
 from loomrl.redact import redact_text
 
+# Examples a rollout draws from an env's generator when not told how many.
+DEFAULT_EXAMPLES = 8
 # Examples a run draws up front (a few hundred bytes each): a bound far above real runs
 # that turns a mistyped count into an error instead of exhausting memory.
 MAX_EXAMPLES = 10_000_000
@@ -39,9 +42,14 @@ class RolloutConfig(BaseModel):
         default_factory=dict, description="keyword arguments for the environment"
     )
     model: str = Field(DEFAULT_MODEL, description="model spec or local HF directory")
-    examples: int = Field(
-        8, ge=1, le=MAX_EXAMPLES, description="examples drawn from the env's generator"
+    data: DataConfig | None = Field(
+        None, description="examples from a data file instead of the env's generator"
     )
+    examples: int | None = Field(
+        None, ge=1, le=MAX_EXAMPLES,
+        description="examples drawn from the env's generator (default 8); with data, the "
+        "rows used (default: all)",
+    )  # fmt: skip
     seed: int = Field(0, ge=0, le=MAX_SEED, description="seed of the examples and of sampling")
     n: int = Field(4, ge=1, description="samples per example (one group)")
     max_turns: int | None = Field(None, ge=1, description="turn limit (default: the env's)")

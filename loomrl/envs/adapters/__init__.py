@@ -1,5 +1,5 @@
-"""Adapters that run other packages' environments through loomrl's own turn loop.
+"""Adapters to other packages' environments, registered as families in ``loomrl.envs``.
 
-Each adapter imports its package lazily (inside its factory or ``check``), so
-``import loomrl`` never needs the optional extras (``pip install 'loomrl[envs]'``).
+Each adapter imports its package only when one of its environments is checked or built,
+so ``import loomrl`` never needs the optional extras (``pip install 'loomrl[envs]'``).
 """

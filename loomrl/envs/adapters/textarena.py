@@ -39,11 +39,21 @@ from loomrl.envs.base import (
     state_from_plain,
 )
 
-__all__ = ["TextArenaEnv", "Unavailable", "check"]
+__all__ = ["TextArenaEnv", "Unavailable", "check", "game_ids"]
 DESCRIPTION = (
     "TextArena games by id, e.g. textarena:GuessTheNumber-v0; multi-player ones against "
     "env_args opponent='random' (needs loomrl[envs])"
 )
+
+
+def game_ids() -> list[str]:
+    """Every id in TextArena's registry, sorted (``loomrl envs textarena``); the ``-raw``
+    and ``-train`` variants differ only in TextArena's wrappers, of which loomrl applies
+    the action ones."""
+    import_textarena()
+    from textarena.envs.registration import ENV_REGISTRY
+
+    return sorted(ENV_REGISTRY)
 
 
 def check(game_id: str) -> None:
