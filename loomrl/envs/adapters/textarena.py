@@ -101,6 +101,8 @@ class TextArenaEnv(Environment):
             raise ValueError(f"max_turns must be >= 1, got {max_turns}")
         self.name = f"textarena:{game_id}"
         self.opponent = None if opponent is None else parse(opponent)
+        if self.opponent is not None and not self.opponent.built_in:
+            self.nonblocking = False  # your policy may take its time: not on the event loop
         self.spec = load_spec(game_id, self.opponent, player, num_players)
         limit = self.spec.turn_limit
         default = 2 * limit if limit is not None else DEFAULT_MAX_TURNS
@@ -138,7 +140,7 @@ class TextArenaEnv(Environment):
 
     def state_dict(self, state: EnvState) -> dict[str, Any]:
         """The state with the game as its moves (replayed from the example's seed)."""
-        if self.opponent is not None and not self.opponent.replayable:
+        if self.opponent is not None and not self.opponent.built_in:
             raise TypeError(
                 f"{self.name} with opponent {self.opponent.name!r} cannot be checkpointed "
                 "(an imported policy may not replay its moves)"

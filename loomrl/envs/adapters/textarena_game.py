@@ -42,6 +42,8 @@ class GameSpec:
     seat: int
     opponent: Opponent | None
     shared: dict[int, Any] = field(default_factory=dict)
+    player_action: Any = None  # textarena's ObservationType.PLAYER_ACTION
+    game_sender: int = -1  # textarena's GAME_ID: the sender of the game's own messages
 
     def new_game(self) -> Any:
         """A fresh game object: a copy of the prototype, its dictionaries shared."""
@@ -74,7 +76,8 @@ def load_spec(
         raise Unavailable(f"{label} cannot be built here: {_why(exc)}") from None
     wrappers = [w for w in entry.default_wrappers or () if issubclass(w, ta.ActionWrapper)]
     shared = {id(v): v for v in vars(prototype).values() if isinstance(v, EnglishDictionary)}
-    spec = GameSpec(game_id, label, prototype, wrappers, 1, player, opponent, shared)
+    spec = GameSpec(game_id, label, prototype, wrappers, 1, player, opponent, shared,
+                    ta.ObservationType.PLAYER_ACTION, ta.GAME_ID)  # fmt: skip
     spec.num_players = _players(spec, sandbox, num_players)
     if not 0 <= player < spec.num_players:
         raise ValueError(
@@ -124,10 +127,8 @@ class Game:
     def __init__(self, spec: GameSpec, seed: int) -> None:
         self.spec, self.seed = spec, seed
         self.sandbox = Sandbox(seed, spec.label)
-        self.raw = self.sandbox.run(spec.new_game)
-        self.acting = self.raw
-        for wrapper in spec.wrappers:
-            self.acting = wrapper(self.acting)
+        self.raw: Any = None  # the game object, made by ``start``
+        self.acting: Any = None  # the same with TextArena's action wrappers
         others = [s for s in range(spec.num_players) if s != spec.seat]
         assert spec.opponent is not None or not others
         self.policies: dict[int, Policy] = {
@@ -148,6 +149,9 @@ class Game:
         return self.sandbox.run(self._play, move)
 
     def _start(self) -> str:
+        self.raw = self.acting = self.spec.new_game()
+        for wrapper in self.spec.wrappers:
+            self.acting = wrapper(self.acting)
         self.raw.reset(num_players=self.spec.num_players, seed=self.seed)
         self._collect(mover=None)
         if self._opponents_move():
@@ -163,7 +167,6 @@ class Game:
 
     def _opponents_move(self) -> bool:
         """Let the opponents move until it is the model's turn; True if the game ended."""
-        ta = import_textarena()
         for _ in range(MAX_OPPONENT_MOVES):
             state = self.raw.state
             if state.done:
@@ -173,7 +176,7 @@ class Game:
                 return False
             entries, state.observations[seat] = state.observations[seat], []
             self.histories[seat] += "".join(
-                f"\n[{self._name(sender, ta)}] {text}" for sender, text, _ in entries
+                f"\n[{self._name(sender)}] {text}" for sender, text, _ in entries
             )
             move = self.policies[seat](self.histories[seat])
             if not isinstance(move, str):
@@ -201,17 +204,16 @@ class Game:
         A move the game echoes back (``PLAYER_ACTION``, often sent as from the game
         itself) is left out when it is the model's own and shown as ``[Player k] ...``
         when it is another seat's."""
-        ta = import_textarena()
-        seat, state = self.spec.seat, self.raw.state
+        seat, state, game = self.spec.seat, self.raw.state, self.spec.game_sender
         entries, state.observations[seat] = state.observations[seat], []
         for sender, text, kind in entries:
-            if kind == ta.ObservationType.PLAYER_ACTION:
-                if sender == ta.GAME_ID and mover is not None:
+            if kind == self.spec.player_action:
+                if sender == game and mover is not None:
                     sender = mover
                 if sender == seat:
                     continue  # the model's own move, already in the chat
-                if sender != ta.GAME_ID:
-                    text = f"[{self._name(sender, ta)}] {text}"
+                if sender != game:
+                    text = f"[{self._name(sender)}] {text}"
             if str(text).strip():
                 self._news.append(str(text).strip())
 
@@ -220,7 +222,7 @@ class Game:
         news, self._news = self._news, []
         return "\n".join(news) or NO_NEWS
 
-    def _name(self, sender: int, ta: Any) -> str:
-        if sender == ta.GAME_ID:
+    def _name(self, sender: int) -> str:
+        if sender == self.spec.game_sender:
             return "GAME"
         return str(self.raw.state.role_mapping.get(sender, f"Player {sender}"))

@@ -40,11 +40,11 @@ def listed_moves(history: str) -> list[str]:
 class Opponent:
     """A named opponent; ``policy(seed, seat)`` is a fresh policy for one seat of one episode.
 
-    ``replayable`` says whether the same seed and observations always give the same moves
-    (true for the built-in ones)."""
+    ``built_in``: one of loomrl's, which are fast and give the same moves for the same
+    seed and observations (an imported callable may be slow, and may not)."""
 
     name: str
-    replayable: bool
+    built_in: bool
     _make: Callable[[int, int], Policy]
 
     def policy(self, seed: int, seat: int) -> Policy:
