@@ -28,6 +28,7 @@ from typing import Any
 from pydantic import PydanticSchemaGenerationError, TypeAdapter, ValidationError
 
 from loomrl.envs.adapters import reasoning_gym as rg_adapter
+from loomrl.envs.adapters import textarena as ta_adapter
 from loomrl.envs.arith import ArithEnv
 from loomrl.envs.base import Environment
 from loomrl.envs.calculator import CalculatorEnv
@@ -274,4 +275,8 @@ register(
 register_family(
     "reasoning_gym", rg_adapter.ReasoningGymEnv, rg_adapter.DESCRIPTION,
     check=rg_adapter.check_task, members=rg_adapter.task_names,
+)  # fmt: skip
+register_family(
+    "textarena", ta_adapter.TextArenaEnv, ta_adapter.DESCRIPTION,
+    check=ta_adapter.check, members=ta_adapter.game_ids,
 )  # fmt: skip

@@ -9,7 +9,10 @@ import pytest
 from loomrl.envs import EnvState, EnvStep, advance, available, call, load, split_score
 
 # A family is listed as ``prefix:NAME``; its contract runs on a representative member.
-MEMBERS = {"reasoning_gym:NAME": "reasoning_gym:basic_arithmetic"}
+MEMBERS = {
+    "reasoning_gym:NAME": "reasoning_gym:basic_arithmetic",
+    "textarena:NAME": "textarena:GuessTheNumber-v0",
+}
 NAMES = sorted(MEMBERS.get(n, n) for n in available() if not n.endswith(":NAME") or n in MEMBERS)
 # Environments over data generate no examples: the contract runs on these instead.
 DATA = {"qa": [{"id": 0, "question": "What is 0 + 0?", "answer": "0"}]}
