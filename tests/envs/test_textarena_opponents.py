@@ -81,6 +81,23 @@ def test_as_player_1_the_model_sees_the_opponents_first_move():
     assert again == env.reset({"id": 5, "seed": 3}).messages[0]["content"]
 
 
+@pytest.mark.parametrize("player", [0, 1])
+async def test_kuhn_poker_against_random_from_either_seat(player):
+    """KuhnPoker shows a seat its moves only on its turn ("Your available actions are:
+    '[check]', '[bet]'"), the other shape of move list ``random`` reads."""
+    env = load("textarena:KuhnPoker-v0", opponent="random", player=player)
+    other = f"[Player {1 - player}] ["
+    for seed in range(3):
+        state = env.reset({"id": 0, "seed": seed})
+        for _ in range(env.max_turns):
+            step = await advance(env, state, listed_moves(state.messages[-1]["content"])[0])
+            if step.done:
+                break
+        assert step.done and step.reward in (-1.0, 1.0) and env.score(state) == step.reward
+        assert "won by having more chips" in step.messages[0]["content"]
+        assert any(other in m["content"] for m in state.messages if m["role"] == "user")
+
+
 async def test_a_fixed_opponent_that_repeats_an_illegal_move_loses():
     env = load("textarena:TicTacToe-v0", opponent="fixed:[4]", player=1)
     state = env.reset({"id": 0, "seed": 0})
