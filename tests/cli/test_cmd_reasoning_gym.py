@@ -5,10 +5,12 @@ env_args as one line, exit 2, before any engine starts (the autouse ``no_vllm`` 
 from __future__ import annotations
 
 import json
+import tomllib
 from pathlib import Path
 
 import pytest
 import reasoning_gym
+import tomli_w
 
 from loomrl.engines import ScriptedEngine
 from loomrl.runs import read_trajectories
@@ -74,11 +76,15 @@ def test_bad_env_args_are_one_line_before_any_engine(cli, tmp_path, env_args, me
 
 def test_a_bad_task_in_a_train_config_stops_before_any_engine(cli, tmp_path):
     config = tmp_path / "train.toml"
-    text = EXAMPLE.read_text().replace("reasoning_gym:leg_counting", "reasoning_gym:legcount")
+    text = EXAMPLE.read_text().replace(
+        "reasoning_gym:basic_arithmetic", "reasoning_gym:basic_arith"
+    )
     config.write_text(text)
     result = cli("train", config, "--model", "tiny-random", "--out", tmp_path / "run")
     assert result.code == 2
-    assert result.error.startswith("unknown reasoning_gym task 'legcount'; did you mean")
+    assert result.error.startswith(
+        "unknown reasoning_gym task 'basic_arith'; did you mean basic_arithmetic"
+    )
 
 
 @pytest.fixture
@@ -97,10 +103,17 @@ def alternating(monkeypatch, tokenizer):
 
 
 def test_the_example_config_trains_five_steps(cli, alternating, tmp_path):
+    # CI-sized: the example's task, prompts and env_args, with smaller steps on tiny-random.
+    config = tomllib.loads(EXAMPLE.read_text())
+    config["train"].update(prompts_per_step=1, n=4, max_tokens=8, model="tiny-random")
+    file = tmp_path / "rg.toml"
+    file.write_text(tomli_w.dumps(config))
     out = tmp_path / "run"
-    result = cli("train", EXAMPLE, "--model", "tiny-random", "--steps", "5", "--out", out)
+    result = cli("train", file, "--steps", "5", "--out", out)
     assert result.code == 0, result.err
     rows = [json.loads(line) for line in (out / "metrics.jsonl").open()]
     assert [row["step"] for row in rows] == [1, 2, 3, 4, 5]
     assert all(row["reward/format"] > 0 and row["reward_std"] > 0 for row in rows), rows
-    assert (out / "checkpoints").is_dir()
+    steps = read_trajectories(out / "trajectories" / "step-000005.parquet")
+    assert {row["env"] for row in steps} == {"reasoning_gym:basic_arithmetic"}
+    assert [m["role"] for m in steps[0]["messages"]][:4] == ["system", "user", "assistant", "user"]

@@ -4,6 +4,7 @@ scorer (bounded, never raising on model text), composite mixes, and real rollout
 
 from __future__ import annotations
 
+import asyncio
 import json
 import math
 
@@ -86,6 +87,7 @@ def test_an_unknown_task_names_close_matches_and_how_to_list_all():
         ({"tasks": {"leg_counting": 1}}, "tasks mixes several tasks: use "
          "reasoning_gym:composite, not reasoning_gym:basic_arithmetic"),
         ({"format_weight": math.inf}, "format_weight must be finite, got inf"),
+        ({"few_shot": -1}, "few_shot must be >= 0, got -1"),
     ],
 )  # fmt: skip
 def test_bad_config_is_one_line_naming_the_task_and_argument(env_args, message):
@@ -164,6 +166,17 @@ def test_the_reference_scores_one_and_junk_zero_after_a_json_round_trip(task):
         assert scored(env, example, reply(example["answer"])) == {"correct": 1.0}, example
         assert scored(env, example, reply("junk")) == {"correct": 0.0}
         assert scored(env, example, "no tags at all") == {"correct": 0.0}
+
+
+@pytest.mark.parametrize("task", ["rearc", "composite"])
+async def test_a_state_checkpointed_as_json_scores_the_same_when_loaded(task):
+    env = load(f"reasoning_gym:{task}", **({"tasks": MIX} if task == "composite" else {}))
+    for example in env.dataset(2, seed=8):
+        state = await env.reset(example)
+        state.messages.append({"role": "assistant", "content": reply(example["answer"])})
+        saved = json.loads(json.dumps(env.state_dict(state)))  # the replay buffer's log
+        fresh = load(f"reasoning_gym:{task}", **({"tasks": MIX} if task == "composite" else {}))
+        assert fresh.score(fresh.load_state_dict(saved)) == {"correct": 1.0}
 
 
 def test_format_weight_pays_for_an_answer_block(arith):
@@ -270,7 +283,7 @@ def test_a_composite_keeps_each_examples_task_and_scores_it_with_that_task():
         ({"tasks": {"leg_counting": {"legs": 4}}}, "tasks.leg_counting has no argument "
          "'legs'"),
         ({"tasks": {"leg_counting": 1}, "datasets": []}, "composite has no argument "
-         "'datasets'; it takes size, seed; and tasks, format_weight, system_prompt"),
+         "'datasets'; it takes size, seed; and tasks, format_weight, system_prompt, few_shot"),
     ],
 )  # fmt: skip
 def test_bad_mixes_are_one_line_naming_the_task(env_args, message):
@@ -285,6 +298,7 @@ def test_bad_mixes_are_one_line_naming_the_task(env_args, message):
 
 
 @pytest.mark.parametrize("name, env_args", [("basic_arithmetic", {"format_weight": 0.5}),
+                                            ("leg_counting", {"few_shot": 2}),
                                             ("composite", {"tasks": MIX})])  # fmt: skip
 async def test_a_rollout_answering_the_reference_earns_full_reward(
     make_engine, tokenizer, check_contract, name, env_args
@@ -294,8 +308,8 @@ async def test_a_rollout_answering_the_reference_earns_full_reward(
     answers = {e["question"]: e["answer"] for e in examples}
 
     def answer(ids, params):
-        prompt = tokenizer.decode(list(ids))
-        (question,) = [q for q in answers if q in prompt]
+        asked = tokenizer.decode(list(ids)).rsplit("<|im_start|>user\n", 1)[1]  # not a shot's
+        (question,) = [q for q in answers if q in asked]
         return reply(answers[question])
 
     results = await loomrl.rollout(
@@ -307,3 +321,25 @@ async def test_a_rollout_answering_the_reference_earns_full_reward(
     for traj in results:
         check_contract(traj)
         assert traj.messages[0] == {"role": "system", "content": env.system_prompt}
+        assert len(traj.messages) == 3 + 2 * env_args.get("few_shot", 0)
+
+
+def test_few_shot_opens_every_example_with_the_same_solved_entries():
+    env = load("reasoning_gym:leg_counting", few_shot=2)
+    data = env.dataset(3, seed=1)
+    shots = data[0]["shots"]
+    assert len(shots) == 2 and all(e["shots"] == shots for e in data)
+    assert {s["question"] for s in shots}.isdisjoint(e["question"] for e in data)
+    assert env.dataset(3, seed=2)[0]["shots"] != shots
+    state = asyncio.run(env.reset(data[0]))
+    roles = ["system", "user", "assistant", "user", "assistant", "user"]
+    assert [m["role"] for m in state.messages] == roles
+    assert state.messages[2]["content"] == f"<answer>{shots[0]['answer']}</answer>"
+    assert state.messages[-1]["content"] == data[0]["question"]
+    assert "shots" not in load("reasoning_gym:leg_counting").dataset(1)[0]
+
+
+def test_few_shot_needs_entries_with_a_reference_answer():
+    env = load("reasoning_gym:graph_color", few_shot=1)  # many answers fit: none is given
+    with pytest.raises(ValueError, match=r"found 0 entries with a reference answer for few_"):
+        env.dataset(1)

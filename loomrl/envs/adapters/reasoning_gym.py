@@ -4,8 +4,9 @@ the task's own ``score_answer``.
 env_args are the task's dataset config fields (``size``, ``seed`` and its difficulty
 knobs, e.g. ``min_digits``), checked against its config class (names, types, its own
 ``validate``) when the environment is built, which the CLI does before any engine
-starts; plus ``format_weight`` and ``system_prompt``. ``reasoning_gym:composite`` mixes
-tasks by weight, each with its own config:
+starts; plus ``format_weight``, ``system_prompt`` and ``few_shot`` (solved entries shown
+as earlier turns: small models copy the answer format from them, not from the system
+prompt). ``reasoning_gym:composite`` mixes tasks by weight, each with its own config:
 ``tasks = {basic_arithmetic = 1, leg_counting = {weight = 2, max_animals = 4}}``.
 
 Examples: the first ``size`` are the entries of the task's dataset under ``seed``
@@ -13,7 +14,8 @@ Examples: the first ``size`` are the entries of the task's dataset under ``seed`
 ``size`` come from a fresh seed derived from ``(seed, i // size)`` (reasoning-gym's own
 reseeding), so a prefix never depends on ``n`` and ``--examples`` may exceed ``size``.
 An example keeps ``question``, ``answer``, ``task`` (a composite's member task),
-``metadata`` as plain JSON, and ``entry`` = ``{"seed", "index"}``: where it came from.
+``metadata`` as plain JSON, ``entry`` = ``{"seed", "index"}`` (where it came from) and,
+with ``few_shot``, ``shots`` (the same solved entries for every example).
 
 Scoring: the reply's last ``<answer>...</answer>`` (reasoning-gym's ``extract_answer``)
 goes to the task's ``score_answer`` with the entry *regenerated* from ``entry``, because
@@ -144,13 +146,17 @@ class ReasoningGymEnv(Environment):
         *,
         format_weight: float = 0.0,
         system_prompt: str = "default",
+        few_shot: int = 0,
         tasks: dict[str, Any] | None = None,
         **config: Any,
     ) -> None:
         check_task(task)
         if not math.isfinite(format_weight):
             raise ValueError(f"format_weight must be finite, got {format_weight}")
+        if few_shot < 0:
+            raise ValueError(f"few_shot must be >= 0, got {few_shot}")
         self.name, self.task, self.format_weight = f"reasoning_gym:{task}", task, format_weight
+        self.few_shot = few_shot
         self.system_prompt = system_prompt_of(system_prompt)
         datasets = _rg().factory.DATASETS
         self._cls, self._config = build_config(task, tasks, config, datasets)
@@ -172,11 +178,24 @@ class ReasoningGymEnv(Environment):
         if n < 0:
             raise ValueError(f"dataset size must be >= 0, got {n}")
         base = self.seed if self.seed is not None else seed
-        return [self._example(i, base) for i in range(n)]
+        shots = {"shots": self._shots(base)} if self.few_shot else {}
+        return [{**self._example(i, base), **shots} for i in range(n)]
 
     async def reset(self, example: dict[str, Any]) -> EnvState:
-        """The system prompt and the question (async: no thread hop for plain work)."""
-        return super().reset(example)
+        """The system prompt, the example's solved shots as user/assistant turns, and its
+        question (async: plain work needs no thread hop)."""
+        state = super().reset(example)
+        shots = example.get("shots") or []
+        turns = [
+            {"role": role, "content": text}
+            for shot in shots
+            for role, text in (
+                ("user", str(shot["question"])),
+                ("assistant", f"<answer>{shot['answer']}</answer>"),
+            )
+        ]
+        state.messages[-1:-1] = turns
+        return state
 
     async def step(self, state: EnvState, message: Message) -> EnvStep:
         return EnvStep(messages=[], done=True)
@@ -248,6 +267,22 @@ class ReasoningGymEnv(Environment):
             "metadata": metadata,
             "entry": {"seed": seed, "index": index},
         }
+
+    def _shots(self, base: int) -> list[dict[str, Any]]:
+        """``few_shot`` solved entries (with a reference answer) from a seed of their own,
+        the same for every example: one prompt prefix that the engine's cache shares."""
+        seed = random.Random(f"reasoning_gym/{base}/shots").getrandbits(32)
+        shots: list[dict[str, Any]] = []
+        for index in range(min(self.size, 10 * self.few_shot)):
+            entry = self._generate(seed, index)
+            if entry.get("answer") is not None:
+                shots.append({"question": str(entry["question"]), "answer": plain(entry["answer"])})
+            if len(shots) == self.few_shot:
+                return shots
+        raise ValueError(
+            f"{self.name}: found {len(shots)} entries with a reference answer for "
+            f"few_shot = {self.few_shot}"
+        )
 
     def _generate(self, seed: int, index: int) -> dict[str, Any]:
         """Entry ``index`` of the dataset under ``seed`` (cached: a group's samples share it)."""

@@ -19,7 +19,7 @@ from typing import Any
 
 from pydantic import TypeAdapter, ValidationError
 
-OWN_ARGS = "format_weight, system_prompt"
+OWN_ARGS = "format_weight, system_prompt, few_shot"
 
 
 def build_config(
