@@ -33,6 +33,18 @@ MAX_EXAMPLES = 10_000_000
 MAX_SEED = 2**32 - 1
 
 
+# How a run overrides its environment's per-turn reward rule (rollout, train, train tasks).
+TURN_REWARD: Any = Field(
+    None,
+    description="how per-turn rewards count: final, sum, final+sum or discounted "
+    "(default: the environment's own; docs/environments.md)",
+)
+TURN_DISCOUNT: Any = Field(
+    None, ge=0, le=1,
+    description="per-turn discount for turn_reward = 'discounted' (default: the environment's own)",
+)  # fmt: skip
+
+
 class RolloutConfig(BaseModel):
     """``loomrl rollout``: which model plays which environment, how often, within what limits."""
 
@@ -60,18 +72,8 @@ class RolloutConfig(BaseModel):
     top_p: float = Field(1.0, gt=0, le=1, description="nucleus sampling mass")
     concurrency: int = Field(64, ge=1, description="trajectories in flight at once")
     env_timeout: float | None = Field(30.0, gt=0, description="seconds per env call")
-    turn_reward: TurnReward | None = Field(
-        None,
-        description="how per-turn rewards count: final, sum, final+sum or discounted "
-        "(default: the environment's own; docs/environments.md)",
-    )
-    turn_discount: float | None = Field(
-        None,
-        ge=0,
-        le=1,
-        description="per-turn discount for turn_reward = 'discounted' "
-        "(default: the environment's own)",
-    )
+    turn_reward: TurnReward | None = TURN_REWARD
+    turn_discount: float | None = TURN_DISCOUNT
     on_error: Literal["raise", "isolate"] = Field(
         "isolate", description="'isolate': a failing trajectory gets status error; others go on"
     )

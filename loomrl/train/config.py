@@ -10,7 +10,7 @@ from typing import Any, Literal
 import tomli_w
 from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator
 
-from loomrl.config import MAX_EXAMPLES, MAX_SEED, read_toml, table_of
+from loomrl.config import MAX_EXAMPLES, MAX_SEED, TURN_DISCOUNT, TURN_REWARD, read_toml, table_of
 from loomrl.data import DataConfig
 from loomrl.models import DEFAULT_MODEL
 from loomrl.rollout.turn_rewards import TurnReward
@@ -31,18 +31,8 @@ class TaskConfig(BaseModel):
     data: DataConfig | None = Field(
         None, description="examples from a data file (cycled in epochs) instead of the env's"
     )
-    turn_reward: TurnReward | None = Field(
-        None,
-        description="how per-turn rewards count: final, sum, final+sum or discounted "
-        "(default: the environment's own; docs/environments.md)",
-    )
-    turn_discount: float | None = Field(
-        None,
-        ge=0,
-        le=1,
-        description="per-turn discount for turn_reward = 'discounted' "
-        "(default: the environment's own)",
-    )
+    turn_reward: TurnReward | None = TURN_REWARD
+    turn_discount: float | None = TURN_DISCOUNT
 
 
 class TrainConfig(BaseModel):
@@ -71,18 +61,8 @@ class TrainConfig(BaseModel):
     )
     concurrency: int = Field(64, ge=1, description="trajectories in flight")
     env_timeout: float | None = Field(30.0, gt=0, description="seconds per env call")
-    turn_reward: TurnReward | None = Field(
-        None,
-        description="how per-turn rewards count: final, sum, final+sum or discounted "
-        "(default: the environment's own; docs/environments.md)",
-    )
-    turn_discount: float | None = Field(
-        None,
-        ge=0,
-        le=1,
-        description="per-turn discount for turn_reward = 'discounted' "
-        "(default: the environment's own)",
-    )
+    turn_reward: TurnReward | None = TURN_REWARD
+    turn_discount: float | None = TURN_DISCOUNT
     tasks: dict[str, TaskConfig] = Field(
         default_factory=dict,
         description="task name -> env (default: the name), weight, env_args and data; several "
