@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import json
 import math
+import sys
 
 import pytest
 import reasoning_gym
@@ -62,6 +63,13 @@ def test_an_unknown_task_names_close_matches_and_how_to_list_all():
     )
     with pytest.raises(ValueError, match=r"^unknown reasoning_gym task 'zzqx'; `loomrl envs"):
         load("reasoning_gym:zzqx")
+
+
+def test_a_missing_package_says_how_to_install_it(monkeypatch):
+    monkeypatch.setitem(sys.modules, "reasoning_gym", None)  # import raises ImportError
+    with pytest.raises(adapter.MissingExtra, match=r"pip install 'loomrl\[envs\]'") as info:
+        check_args("reasoning_gym:leg_counting", {})
+    assert isinstance(info.value, ValueError) and "\n" not in str(info.value)
 
 
 # -- env_args --------------------------------------------------------------------------------
