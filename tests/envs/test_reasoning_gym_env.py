@@ -5,10 +5,13 @@ scorer (bounded, never raising on model text), composite mixes, and real rollout
 from __future__ import annotations
 
 import asyncio
+import enum
 import json
 import math
 import sys
+from fractions import Fraction
 
+import numpy as np
 import pytest
 import reasoning_gym
 from hypothesis import given, settings
@@ -162,6 +165,18 @@ def test_examples_are_plain_json(task):
     data = env.dataset(3, seed=1)
     check_plain(data)  # tuples in metadata (e.g. difficulty ranges) became lists
     assert json.loads(json.dumps(data)) == data
+
+
+def test_metadata_values_become_plain_json():
+    class Colour(str, enum.Enum):  # noqa: UP042 (reasoning-gym's own StrEnum is this)
+        RED = "red"
+
+    value = {1: (Fraction(1, 3), {2, 1}), "x": [np.int64(4), np.float64(0.5), math.nan],
+             "a": np.array([[1, 2]]), "c": Colour.RED, "b": True}  # fmt: skip
+    assert adapter.plain(value) == {
+        "1": ["1/3", [1, 2]], "x": [4, 0.5, "nan"], "a": [[1, 2]], "c": "red", "b": True,
+    }  # fmt: skip
+    check_plain(adapter.plain(value))
 
 
 # -- scoring ---------------------------------------------------------------------------------

@@ -11,8 +11,10 @@ prompt). ``reasoning_gym:composite`` mixes tasks by weight, each with its own co
 
 Examples: the first ``size`` are the entries of the task's dataset under ``seed``
 (exactly ``reasoning_gym.create_dataset(task, seed=seed, size=size)[i]``); each next
-``size`` come from a fresh seed derived from ``(seed, i // size)`` (reasoning-gym's own
-reseeding), so a prefix never depends on ``n`` and ``--examples`` may exceed ``size``.
+``size`` come from a fresh seed derived from ``(seed, i // size)`` (reseeding, as
+reasoning-gym's ``ReseedingDataset`` does, but with seeds that do not run into those of
+the run with seed + 1), so a prefix never depends on ``n`` and ``--examples`` may exceed
+``size``.
 An example keeps ``question``, ``answer``, ``task`` (a composite's member task),
 ``metadata`` as plain JSON, ``entry`` = ``{"seed", "index"}`` (where it came from) and,
 with ``few_shot``, ``shots`` (the same solved entries for every example).
