@@ -8,7 +8,7 @@ run: setup
 	.venv/bin/loomrl rollout --env guess_number --model smollm2-135m-instruct --out runs/quickstart --overwrite
 
 test: setup
-	.venv/bin/python -m pytest -q
+	.venv/bin/python -m pytest -q --durations=15
 
 lint: setup
 	.venv/bin/ruff check loomrl tests benchmarks

@@ -19,14 +19,30 @@ from typing import Any, Literal, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
+from loomrl.data import DataConfig
 from loomrl.models import DEFAULT_MODEL
 from loomrl.redact import redact_text
+from loomrl.rollout.turn_rewards import TurnReward
 
+# Examples a rollout draws from an env's generator when not told how many.
+DEFAULT_EXAMPLES = 8
 # Examples a run draws up front (a few hundred bytes each): a bound far above real runs
 # that turns a mistyped count into an error instead of exhausting memory.
 MAX_EXAMPLES = 10_000_000
 # Seeds reach numpy's generator (in vLLM), which takes 0 .. 2**32 - 1.
 MAX_SEED = 2**32 - 1
+
+
+# How a run overrides its environment's per-turn reward rule (rollout, train, train tasks).
+TURN_REWARD: Any = Field(
+    None,
+    description="how per-turn rewards count: final, sum, final+sum or discounted "
+    "(default: the environment's own; docs/environments.md)",
+)
+TURN_DISCOUNT: Any = Field(
+    None, ge=0, le=1,
+    description="per-turn discount for turn_reward = 'discounted' (default: the environment's own)",
+)  # fmt: skip
 
 
 class RolloutConfig(BaseModel):
@@ -39,9 +55,14 @@ class RolloutConfig(BaseModel):
         default_factory=dict, description="keyword arguments for the environment"
     )
     model: str = Field(DEFAULT_MODEL, description="model spec or local HF directory")
-    examples: int = Field(
-        8, ge=1, le=MAX_EXAMPLES, description="examples drawn from the env's generator"
+    data: DataConfig | None = Field(
+        None, description="examples from a data file instead of the env's generator"
     )
+    examples: int | None = Field(
+        None, ge=1, le=MAX_EXAMPLES,
+        description="examples drawn from the env's generator (default 8); with data, the "
+        "rows used (default: all)",
+    )  # fmt: skip
     seed: int = Field(0, ge=0, le=MAX_SEED, description="seed of the examples and of sampling")
     n: int = Field(4, ge=1, description="samples per example (one group)")
     max_turns: int | None = Field(None, ge=1, description="turn limit (default: the env's)")
@@ -51,6 +72,8 @@ class RolloutConfig(BaseModel):
     top_p: float = Field(1.0, gt=0, le=1, description="nucleus sampling mass")
     concurrency: int = Field(64, ge=1, description="trajectories in flight at once")
     env_timeout: float | None = Field(30.0, gt=0, description="seconds per env call")
+    turn_reward: TurnReward | None = TURN_REWARD
+    turn_discount: float | None = TURN_DISCOUNT
     on_error: Literal["raise", "isolate"] = Field(
         "isolate", description="'isolate': a failing trajectory gets status error; others go on"
     )

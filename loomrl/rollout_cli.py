@@ -3,7 +3,9 @@
 A new run refuses a directory that already holds a run unless asked to replace it
 (``overwrite``); a resumed run keeps its ``config.toml`` as it is. Everything that can
 refuse the request (model spec, environment and its arguments, the buffer log of a
-resumed run) is checked before anything is written or the engine starts.
+resumed run, the data and whether it changed since the run started) is checked before
+anything is written or the engine starts. With data, the run also writes ``data.json``
+(``loomrl.data.record``).
 """
 
 from __future__ import annotations
@@ -23,7 +25,14 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from rich.table import Table
 from rich.text import Text
 
-from loomrl.config import RolloutConfig, load_run_config, read_toml
+from loomrl.config import (
+    DEFAULT_EXAMPLES,
+    MAX_EXAMPLES,
+    RolloutConfig,
+    load_run_config,
+    read_toml,
+)
+from loomrl.data import Drawn, check_record, draw, write_record
 from loomrl.engines.base import Engine
 from loomrl.envs import load as load_env
 from loomrl.envs.base import Environment
@@ -32,6 +41,7 @@ from loomrl.producer import GroupStatus, Producer, ProducerConfig, ReplayBuffer,
 from loomrl.producer.metrics import producer_metrics
 from loomrl.rollout import Rollouts, rollout
 from loomrl.rollout.metrics import compute_metrics
+from loomrl.rollout.turn_rewards import counting_turns
 from loomrl.rundir import BUFFER, RunDirError, check_new_run, check_run, clear_run, open_buffer
 from loomrl.runs import toml_ready, write_trajectories
 from loomrl.types import SamplingParams, Trajectory
@@ -51,6 +61,15 @@ def vllm_engine(config: RolloutConfig) -> Engine:
 def default_out() -> Path:
     """Where a run goes when no ``out`` is given: ``runs/rollout-TIME``."""
     return Path("runs") / time.strftime("rollout-%Y%m%d-%H%M%S")
+
+
+def draw_examples(config: RolloutConfig, env: Environment) -> Drawn:
+    """The run's examples: the data's rows (at most ``examples`` when set), or
+    ``examples`` (default 8) from the env's generator."""
+    count = config.examples
+    if count is None:
+        count = MAX_EXAMPLES if config.data is not None else DEFAULT_EXAMPLES
+    return draw(config.env, env, config.data, count, config.seed, cycle=False, needs="--data")
 
 
 def resume_config(run_dir: Path) -> RolloutConfig:
@@ -74,18 +93,26 @@ async def run_rollout(
     resume: bool = False,
     overwrite: bool = False,
     make_engine: EngineMaker | None = None,
+    drawn: Drawn | None = None,
 ) -> tuple[Path, Rollouts]:
     """Roll out ``config`` into its run directory. Continuous mode produces through a
     replay buffer logged in ``buffer.sqlite``: a run killed at any point continues with
     ``resume=True``, keeping every finished group and every checkpointed turn. A new run
-    in a directory holding a run raises ``RunDirError`` unless ``overwrite``."""
+    in a directory holding a run raises ``RunDirError`` unless ``overwrite``. ``drawn``
+    are the examples when already drawn (``draw_examples``; the command draws them while
+    checking its input); a resumed run refuses data that changed since it started."""
     out = config.out or default_out()
     config = config.model_copy(update={"out": out})
     if not resume:
         check_new_run(out, "rollout", overwrite=overwrite)
     check_spec(config.model)
-    env = load_env(config.env, **config.env_args)
-    examples = env.dataset(config.examples, seed=config.seed)
+    env = counting_turns(load_env(config.env, **config.env_args), config)
+    drawn = drawn or draw_examples(config, env)
+    examples = drawn.examples
+    prints = {config.env: drawn.fingerprint} if drawn.fingerprint else {}
+    if resume:
+        check_record(out, prints)
+    config = config.model_copy(update={"examples": len(examples)})  # recorded as resolved
     sampling = SamplingParams(
         max_tokens=config.max_tokens,
         temperature=config.temperature,
@@ -96,6 +123,7 @@ async def run_rollout(
         if overwrite:
             clear_run(out)
         out.mkdir(parents=True, exist_ok=True)
+        write_record(out, prints)  # before config.toml: a run that has one has the other
         (out / "config.toml").write_text(tomli_w.dumps(toml_ready(config.model_dump(mode="json"))))
     buffer = open_buffer(out / BUFFER) if config.mode == "continuous" else None
     try:

@@ -13,6 +13,7 @@ import shutil
 import sqlite3
 from pathlib import Path
 
+from loomrl.data import RECORD
 from loomrl.producer import ReplayBuffer
 from loomrl.producer.log import BufferLogError
 
@@ -23,7 +24,7 @@ RUN_MARKERS = (
 )  # fmt: skip
 RUN_FILES = (
     *RUN_MARKERS, f"{BUFFER}-wal", f"{BUFFER}-shm", "report.md", "experience.parquet",
-    "experience_stats.json", "tensorboard", "wandb",
+    "experience_stats.json", "tensorboard", "wandb", RECORD,
 )  # fmt: skip
 
 

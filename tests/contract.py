@@ -34,12 +34,33 @@ def turns_of(traj: Trajectory) -> list[tuple[int, int, str]]:
     return turns
 
 
+def canonical_turns(
+    tokenizer: Any,
+    ids: Sequence[int],
+    turns: Sequence[tuple[int, int, str]],
+    stops: Collection[int],
+) -> list[int]:
+    """``ids`` with each model turn re-spelled as the encoding of its own decoded text
+    (a stop token that ended it kept as it is); the ids between turns are unchanged."""
+    out: list[int] = []
+    pos = 0
+    for start, end, _ in turns:
+        span = list(ids[start:end])
+        stop = span[-1:] if span and span[-1] in stops else []
+        body = span[: len(span) - len(stop)]
+        text = tokenizer.decode(body, skip_special_tokens=False)
+        out += [*ids[pos:start], *tokenizer.encode(text, add_special_tokens=False), *stop]
+        pos = end
+    return out + list(ids[pos:])
+
+
 def check_contract(
     tokenizer: Any, chat: ChatTokenizer, traj: Trajectory, stop_ids: Collection[int] = ()
 ) -> None:
     """Assert the contract of one finished trajectory (any status but error/timeout):
-    aligned lists, logprobs, one mask run per turn (its pieces contiguous), ids that are
-    the re-rendered conversation, and each turn exactly its assistant message.
+    aligned lists, logprobs, one mask run per turn (its pieces contiguous), each turn
+    exactly its assistant message, and ids that are the re-rendered conversation (model
+    turns compared in the canonical encoding of their text: see ``canonical_turns``).
 
     ``stop_ids`` are the tokens that end a model turn (default: the tokenizer's EOS); a
     turn that ends with one has it in its ids but not in its message's text."""
@@ -54,8 +75,21 @@ def check_contract(
     assert [(s, e) for s, e, _ in turns] == mask_runs(mask)
     assert len(turns) == traj.turns
 
-    # Token level: the ids are the re-rendered conversation, up to the last closing.
-    full = traj.prompt_ids + ids
+    # Each model turn is exactly its assistant message (plus the stop token it emitted).
+    replies = [m for m in traj.messages if m["role"] == "assistant"][-traj.turns :]
+    assert len(replies) == traj.turns
+    for (start, end, _), message in zip(turns, replies, strict=True):
+        span = ids[start:end]
+        stop = tokenizer.decode(span[-1:], skip_special_tokens=False) if span[-1] in stops else ""
+        text = tokenizer.decode(span, skip_special_tokens=False)
+        assert text == message["content"] + stop
+
+    # Token level: the ids are the re-rendered conversation, up to the last closing. A
+    # sampled model may spell its own text with other tokens than encoding it gives (" \n"
+    # then "\n" where encoding has one " \n\n"): those ids are what it sampled and stay;
+    # having matched their text above, its turns are compared in their canonical encoding,
+    # and everything else (prompt, the env's glue, closings) token by token.
+    full = traj.prompt_ids + canonical_turns(tokenizer, ids, turns, stops)
     result = verify(chat, traj.messages, full)
     assert result.ok, result.message
     # A template with no closing renders nothing after the last turn's content, so the
@@ -65,18 +99,10 @@ def check_contract(
     # Text level, straight from the template: decoded ids are a prefix of it, and at
     # most the closing of the last assistant turn is left over.
     rendered = tokenizer.apply_chat_template(traj.messages, tokenize=False)
-    decoded = tokenizer.decode(full[: len(full) - ended_by], skip_special_tokens=False)
+    sampled = traj.prompt_ids + ids
+    decoded = tokenizer.decode(sampled[: len(sampled) - ended_by], skip_special_tokens=False)
     assert rendered.startswith(decoded)
     closing = list(chat.closing_ids)
     tails = {tokenizer.decode(closing[i:], skip_special_tokens=False) for i in range(len(closing))}
     assert rendered[len(decoded) :] in tails | {""}
     assert traj.messages[-1]["role"] == "assistant"
-
-    # Each model turn is exactly its assistant message (plus the stop token it emitted).
-    replies = [m for m in traj.messages if m["role"] == "assistant"][-traj.turns :]
-    assert len(replies) == traj.turns
-    for (start, end, _), message in zip(turns, replies, strict=True):
-        span = ids[start:end]
-        stop = tokenizer.decode(span[-1:], skip_special_tokens=False) if span[-1] in stops else ""
-        text = tokenizer.decode(span, skip_special_tokens=False)
-        assert text == message["content"] + stop

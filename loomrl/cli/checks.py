@@ -110,10 +110,12 @@ def check_agrees(
     file: Path | None,
     overrides: Mapping[str, Any],
     skip: tuple[str, ...] = ("out",),
+    flags: Mapping[str, str] | None = None,
 ) -> Config:
     """What ``--resume RUN_DIR`` with ``file`` and ``overrides`` asks for, refused (naming
     each field) where it disagrees with the config the run recorded; fields in ``skip``
-    are not compared. Returns the asked config."""
+    are not compared; ``flags`` names the flag that set a field when it is not
+    ``--FIELD``. Returns the asked config."""
     from loomrl.runs import toml_ready
 
     cls = type(recorded)
@@ -132,7 +134,7 @@ def check_agrees(
     for name in cls.model_fields:
         if name in skip or mine.get(name) == theirs.get(name):
             continue
-        where = flag(name) if name in given(overrides) else str(file)
+        where = (flags or {}).get(name, flag(name)) if name in given(overrides) else str(file)
         wrong.append(
             f"{where} sets {name} = {_shown(mine.get(name))}, "
             f"the run has {_shown(theirs.get(name))}"

@@ -1,5 +1,6 @@
 """``loomrl rollout``: a model plays an environment into a run directory; ``--resume``
-continues a killed one, ``--overwrite`` replaces one."""
+continues a killed one, ``--overwrite`` replaces one. ``--data`` takes the examples from
+a data file instead of the environment's generator; ``--examples`` then caps its rows."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ import asyncio
 from pathlib import Path
 from typing import Any
 
+from loomrl.cli import data_flags
 from loomrl.cli.checks import (
     check_agrees,
     check_engine_args,
@@ -16,8 +18,9 @@ from loomrl.cli.checks import (
     check_resume_alone,
     load_config,
 )
-from loomrl.cli.output import console
+from loomrl.cli.output import console, print_note
 from loomrl.config import RolloutConfig
+from loomrl.data import Drawn
 from loomrl.models import DEFAULT_MODEL
 
 FLAGS = (
@@ -50,6 +53,7 @@ def add_parser(sub: Any) -> None:
         "--overwrite", action="store_true",
         help="replace the run already in --out (its files are removed)",
     )  # fmt: skip
+    data_flags.add_arguments(roll)
     roll.set_defaults(func=cmd_rollout)
 
 
@@ -61,12 +65,37 @@ def requested(args: argparse.Namespace) -> RolloutConfig:
 
     overrides = {name: getattr(args, name) for name in FLAGS}
     if args.resume is None:
-        return load_config(RolloutConfig, args.config, overrides)
+        return data_flags.with_data_flags(load_config(RolloutConfig, args.config, overrides), args)
     check_resume_alone(args)
     recorded = resume_config(args.resume)
-    check_agrees(recorded, args.resume, args.config, overrides)
+    base = load_config(RolloutConfig, args.config, overrides) if args.config else recorded
+    asked = data_flags.with_data_flags(base, args)
+    extra = {
+        k: getattr(asked, k) for k in ("data", "env_args") if getattr(asked, k) != getattr(base, k)
+    }
+    named = {"data": "/".join(data_flags.FIELDS[k] for k in data_flags.data_flags(args))}
+    named["env_args"] = "--reward"
+    check_agrees(recorded, args.resume, args.config, {**overrides, **extra}, flags=named)
     check_buffer(args.resume / BUFFER)
     return recorded
+
+
+def check_examples(config: RolloutConfig, resume: Path | None) -> Drawn:
+    """The run's examples, drawn now: every data problem (file, format, split, columns,
+    rows; an env that needs data) stops here, and a resumed run's data must be unchanged."""
+    from loomrl.data import check_record
+    from loomrl.envs import load as load_env
+    from loomrl.rollout_cli import draw_examples
+
+    drawn = draw_examples(config, load_env(config.env, **config.env_args))
+    if resume is not None and drawn.fingerprint is not None:
+        check_record(resume, {config.env: drawn.fingerprint})
+    asked, got = config.examples, len(drawn.examples)
+    if config.data is not None and asked is not None and got < asked and resume is None:
+        print_note(
+            f"{config.data.path} gives {got} rows, fewer than examples = {asked}: all are used"
+        )
+    return drawn
 
 
 def cmd_rollout(args: argparse.Namespace) -> int:
@@ -80,12 +109,16 @@ def cmd_rollout(args: argparse.Namespace) -> int:
     check_model(config.model)
     check_envs([(config.env, config.env_args)])
     check_engine_args(config.engine_args, source)
+    drawn = check_examples(config, args.resume)
     if config.out is None:
         config = config.model_copy(update={"out": default_out()})
     try:
         out, results = asyncio.run(
-            run_rollout(config, console, resume=args.resume is not None, overwrite=args.overwrite)
-        )
+            run_rollout(
+                config, console, resume=args.resume is not None, overwrite=args.overwrite,
+                drawn=drawn,
+            )
+        )  # fmt: skip
     except KeyboardInterrupt:
         resumable = config.mode == "continuous" and (config.out / "config.toml").is_file()
         hint = f"continue with `loomrl rollout --resume {config.out}`" if resumable else ""

@@ -115,22 +115,26 @@ def check_resumable(run_dir: Path, config: TrainConfig) -> None:
 
 
 def cmd_train(args: argparse.Namespace) -> int:
+    from loomrl.data import check_record
     from loomrl.experience.files import check_estimator
     from loomrl.rundir import check_new_run
     from loomrl.train.command import default_out, run_train
     from loomrl.train.config import extend_steps
+    from loomrl.train.loop import draw_tasks
 
     config, extended_from = requested(args)
     if args.resume is None and config.out is not None:
         check_new_run(config.out, "train", overwrite=args.overwrite)
     source = str(args.config or (args.resume / "config.toml" if args.resume else "flags"))
     check_model(config.model)
-    check_envs((name, spec.env_args) for name, spec in config.task_specs().items())
+    check_envs((spec.env or name, spec.env_args) for name, spec in config.task_specs().items())
     check_estimator(config.estimator, config.estimator_options)
     check_engine_args(config.engine_args, source)
     check_log_to(config, source)
+    drawn = draw_tasks(config)  # every data problem stops here, before anything is written
     if args.resume is not None:
         check_resumable(args.resume, config)
+        check_record(args.resume, {n: d.fingerprint for n, d in drawn.items() if d.fingerprint})
     elif config.out is None:
         config = config.model_copy(update={"out": default_out()})
     if extended_from is not None:
@@ -138,7 +142,7 @@ def cmd_train(args: argparse.Namespace) -> int:
         print_note(f"{args.resume}: steps {extended_from} -> {config.steps} (config.toml)")
     try:
         out, rows = asyncio.run(
-            run_train(config, console, resume=args.resume, overwrite=args.overwrite)
+            run_train(config, console, resume=args.resume, overwrite=args.overwrite, drawn=drawn)
         )
     except KeyboardInterrupt:
         raise KeyboardInterrupt(_how_to_continue(args.resume or config.out)) from None

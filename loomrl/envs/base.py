@@ -41,6 +41,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from loomrl.data.messages import messages_problem, opening_messages
 from loomrl.workers import shared_pool
 
 Message = dict[str, Any]
@@ -88,7 +89,8 @@ class Environment(abc.ABC):
     """Base class for environments; a subclass usually overrides ``score`` and ``dataset``.
 
     The default ``reset`` opens with ``system_prompt`` (if any) and the example's
-    ``question`` as the user message; the default ``step`` ends the episode (single turn).
+    ``question`` as the user message, or with the example's ``messages`` (an opening
+    conversation); the default ``step`` ends the episode (single turn).
     """
 
     name: str = "env"
@@ -99,12 +101,21 @@ class Environment(abc.ABC):
     #: (a thread hop costs 0.1-0.5 ms; env_timeout cannot interrupt inline calls).
     nonblocking: bool = False
     system_prompt: str | None = None
+    #: How ``EnvStep.reward`` values and ``score`` make the episode's reward: "final",
+    #: "sum", "final+sum" or "discounted" (by ``turn_discount`` per turn); see
+    #: ``loomrl.rollout.turn_rewards``. A run may override both.
+    turn_reward: str = "final"
+    turn_discount: float = 1.0
 
     def reset(self, example: dict[str, Any]) -> EnvState:
-        """Open an episode for ``example``."""
+        """Open an episode for ``example``: its ``messages`` (an opening conversation) when
+        it has them, else its ``question`` as the user message; ``system_prompt`` goes
+        first unless the messages open with a system message of their own."""
+        if example.get("messages") is not None:
+            return EnvState(messages=self._opening(example), example=example)
         if "question" not in example:
             raise ValueError(
-                f"{self.name}: example {example.get('id')!r} has no 'question'; "
+                f"{self.name}: example {example.get('id')!r} has no 'question' or 'messages'; "
                 "override reset() for examples of another shape"
             )
         messages: list[Message] = []
@@ -112,6 +123,16 @@ class Environment(abc.ABC):
             messages.append({"role": "system", "content": self.system_prompt})
         messages.append({"role": "user", "content": str(example["question"])})
         return EnvState(messages=messages, example=example)
+
+    def _opening(self, example: dict[str, Any]) -> list[Message]:
+        """The example's messages, checked and copied (the episode appends to its own)."""
+        problem = messages_problem(example["messages"])
+        if problem:
+            raise ValueError(f"{self.name}: example {example.get('id')!r}: messages: {problem}")
+        messages = opening_messages(example["messages"])
+        if self.system_prompt and messages[0]["role"] != "system":
+            messages.insert(0, {"role": "system", "content": self.system_prompt})
+        return messages
 
     def step(self, state: EnvState, message: Message) -> EnvStep:
         """Answer one assistant turn; single-turn by default, so the episode ends here."""

@@ -5,6 +5,9 @@ Each entry is a factory (usually the class) and a one-line description for
 A *family* is a prefix whose factory takes the part after the colon first:
 ``register_family("reasoning_gym", factory, ...)`` makes ``load("reasoning_gym:leg_counting",
 size=8)`` call ``factory("leg_counting", size=8)`` (adapters to other packages' envs).
+Installed packages add environments through the entry-point group ``loomrl.envs``
+(``name = "package.module:Factory"``): a name found nowhere else is looked up there and
+registered on first use, so ``loomrl rollout --env name`` finds a package's own env.
 A family may give ``check`` (raise ``ValueError`` for an unknown member, cheaply: it runs
 before any engine starts) and ``members`` (list them, for ``loomrl envs PREFIX``).
 ``check_args`` checks keyword arguments against the factory's signature and type hints
@@ -15,6 +18,7 @@ an ``EnvArgsError`` naming the environment, the argument and what it takes.
 from __future__ import annotations
 
 import functools
+import importlib.metadata
 import inspect
 import typing
 from collections.abc import Callable, Mapping
@@ -24,13 +28,16 @@ from typing import Any
 from pydantic import PydanticSchemaGenerationError, TypeAdapter, ValidationError
 
 from loomrl.envs.adapters import reasoning_gym as rg_adapter
+from loomrl.envs.adapters import textarena as ta_adapter
 from loomrl.envs.arith import ArithEnv
 from loomrl.envs.base import Environment
 from loomrl.envs.calculator import CalculatorEnv
 from loomrl.envs.guess_number import GuessNumberEnv
+from loomrl.envs.qa import QAEnv
 from loomrl.redact import redact_text, redact_value
 
 EnvFactory = Callable[..., Environment]
+ENTRY_POINTS = "loomrl.envs"
 
 
 @dataclass(frozen=True, slots=True)
@@ -149,8 +156,10 @@ def check_args(name: str, kwargs: Mapping[str, Any]) -> None:
 
 def available() -> dict[str, str]:
     """``{name: one-line description}`` of every registered environment and family
-    (as ``prefix:NAME``), sorted by name."""
-    names = {name: _ENVS[name].description for name in _ENVS}
+    (as ``prefix:NAME``), and of the installed packages' entry points (not imported until
+    loaded), sorted by name."""
+    names = {ep.name: f"from {ep.value} (an installed package)" for ep in _entry_points()}
+    names.update({name: _ENVS[name].description for name in _ENVS})
     names.update({f"{p}:NAME": f.description for p, f in _FAMILIES.items()})
     return dict(sorted(names.items()))
 
@@ -170,7 +179,7 @@ def family_members(prefix: str) -> list[str]:
 def _factory(name: str) -> EnvFactory:
     """The factory ``load(name)`` calls: a registered env's, or a family's with its member
     bound (checked by the family's ``check``)."""
-    entry = _ENVS.get(name)
+    entry = _ENVS.get(name) or _plugin(name)
     if entry is not None:
         return entry.factory
     prefix, colon, member = name.partition(":")
@@ -185,6 +194,31 @@ def _factory(name: str) -> EnvFactory:
     if family.check is not None:
         family.check(member)
     return _bound(family.factory, member)
+
+
+def _entry_points() -> list[importlib.metadata.EntryPoint]:
+    """The ``loomrl.envs`` entry points of installed packages."""
+    return list(importlib.metadata.entry_points(group=ENTRY_POINTS))
+
+
+def _plugin(name: str) -> _Entry | None:
+    """The entry point named ``name``, imported and registered (None when there is none).
+    An entry point that fails to import or is not callable is an error naming it."""
+    found = [ep for ep in _entry_points() if ep.name == name]
+    if not found:
+        return None
+    try:
+        factory = found[0].load()
+    except Exception as exc:
+        raise ValueError(
+            f"environment {name!r} comes from {found[0].value}, which failed to import: "
+            f"{type(exc).__name__}: {redact_text(str(exc))}"
+        ) from exc
+    if not callable(factory):
+        raise ValueError(f"environment {name!r}: {found[0].value} is not callable")
+    doc = (inspect.getdoc(factory) or f"from {found[0].value}").splitlines()[0]
+    register(name, factory, doc)
+    return _ENVS[name]
 
 
 def _bound(factory: Callable[..., Environment], member: str) -> EnvFactory:
@@ -233,7 +267,16 @@ def hint_name(hint: Any) -> str:
 register("arith", ArithEnv, "single-turn integer arithmetic; exact answer plus a format bonus")
 register("guess_number", GuessNumberEnv, "multi-turn number guessing with higher/lower hints")
 register("calculator", CalculatorEnv, "arithmetic with a calculate() tool (Hermes tool calls)")
+register(
+    "qa",
+    QAEnv,
+    "questions from your data (--data); reward by name: math_verify, exact, regex, choice",
+)
 register_family(
     "reasoning_gym", rg_adapter.ReasoningGymEnv, rg_adapter.DESCRIPTION,
     check=rg_adapter.check_task, members=rg_adapter.task_names,
+)  # fmt: skip
+register_family(
+    "textarena", ta_adapter.TextArenaEnv, ta_adapter.DESCRIPTION,
+    check=ta_adapter.check, members=ta_adapter.game_ids,
 )  # fmt: skip

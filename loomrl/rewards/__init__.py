@@ -24,6 +24,7 @@ from loomrl.rewards.base import (
 )
 from loomrl.rewards.funcs import (
     answer_format,
+    choice_answer,
     exact_match,
     length_penalty,
     math_answer,
@@ -56,6 +57,7 @@ __all__ = [
     "Verdict",
     "answer_format",
     "available",
+    "choice_answer",
     "exact_match",
     "length_penalty",
     "load",

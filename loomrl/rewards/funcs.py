@@ -5,6 +5,7 @@
 | ``exact_match(key)`` | 1.0 when the extracted final answer equals ``example[key]`` (normalised) |
 | ``math_answer(key)`` | 1.0 when ``math-verify`` finds the answer equivalent to ``example[key]`` |
 | ``regex_match(pattern)`` | 1.0 when the completion matches ``pattern`` |
+| ``choice_answer(key)`` | 1.0 when the chosen option (A/B/C/...) is ``example[key]`` |
 | ``answer_format()`` | 1.0 when the completion has an ``Answer: <number>`` line |
 | ``length_penalty(max_len, buffer)`` | DAPO's soft overlong penalty, in ``[-1, 0]`` |
 | ``num_chars`` | the completion's length in characters (a metric) |
@@ -13,99 +14,28 @@
 'loomrl[math]'``). Its own timeouts use ``signal.alarm``, which works only in the main
 thread, so they are switched off here (rubric functions run in worker threads): bound
 the time with ``Rubric(timeout_s=...)``; the text handed to it is capped at
-``max_chars`` (its tail, where final answers are) to keep parsing cheap.
+``max_chars`` (its tail, where final answers are) to keep parsing cheap. Some answers
+(``\\boxed{9^{9^{9}}}``) keep sympy inside one C call for minutes, holding the GIL, which
+no thread-level timeout stops: the ``qa`` environment runs its checks in child processes
+(``loomrl.envs.qa.mathcheck``) for that reason.
+
+The text parsers (``boxed``, ``answer_line``, ``final_answer``, ``normalize_text``) live
+in ``loomrl.envs.answers`` and the choice reader in ``loomrl.envs.qa.choice``, shared
+with the environments.
 """
 
 from __future__ import annotations
 
-import itertools
 import re
-from collections import deque
 from collections.abc import Callable
 from typing import Any
 
-from loomrl.envs.answers import extract_answer
+from loomrl.envs.answers import answer_line as answer_line  # re-exported: rewards' parsers
+from loomrl.envs.answers import boxed as boxed
+from loomrl.envs.answers import extract_answer, final_answer, normalize_text
+from loomrl.envs.mathverify import math_equal, require_math_verify
+from loomrl.envs.qa.choice import LETTERS, check_choices, chosen, reference_index
 from loomrl.rewards.base import RewardFn, RewardSample
-
-_BOXED = re.compile(r"\\(?:boxed|fbox)\s*\{")
-_NOT_BRACE = re.compile(r"[^{}]+")
-_STEP = {"{": 1, "}": -1}
-_SPARSE_CLOSES = 64  # closing braces scanned one by one before the dense (vectorised) scan
-# Only the head is a regex (anchored at line starts, followed by one more character on
-# the line); the rest of the line is cut with string operations, so no quantifier ever
-# rescans a long line's tail (``(.+?)[ \t]*$`` does: quadratic in a run of spaces).
-_ANSWER_HEAD = re.compile(r"^[ \t]*+answer[ \t]*+:(?=[^\n])", re.IGNORECASE | re.MULTILINE)
-
-
-def boxed(text: str) -> str | None:
-    """The content of the last ``\\boxed{...}`` whose braces close (matched), or None.
-
-    Linear in ``len(text)``: candidates are tried right to left, and a candidate that
-    never closes bounds the scan of every earlier one (an earlier box that closed after
-    it would enclose its opening brace, which would then close too), so each character
-    is scanned at most once.
-    """
-    limit = len(text)
-    for match in reversed(list(_BOXED.finditer(text))):
-        start = match.end()
-        close = _closing_brace(text, start, limit)
-        if close is not None:
-            return text[start:close].strip()
-        limit = start - 1  # this box's own opening brace
-    return None
-
-
-def _closing_brace(text: str, start: int, end: int) -> int | None:
-    """Where the brace opened just before ``start`` closes within ``text[:end]``, or None."""
-    depth, i = 1, start
-    for _ in range(_SPARSE_CLOSES):  # usual text: a few braces, found with str.find
-        close = text.find("}", i, end)
-        if close < 0:
-            return None
-        depth += text.count("{", i, close) - 1
-        if depth == 0:
-            return close
-        i = close + 1
-    # Dense braces: a running depth over the braces alone, computed in C.
-    region = text[i:end]
-    braces = _NOT_BRACE.sub("", region)
-    try:
-        k = list(itertools.accumulate(map(_STEP.__getitem__, braces), initial=depth)).index(0)
-    except ValueError:
-        return None
-    closes = k - braces.count("{", 0, k)  # closing braces among braces[:k]; the k-th is ours
-    return end - len(region.split("}", closes)[-1]) - 1
-
-
-def answer_line(text: str) -> str | None:
-    """What follows ``Answer:`` on the last such line (spaces and tabs trimmed), or None.
-
-    A line is what lies between ``\\n`` characters; ``Answer:`` may be indented and is
-    matched in any case. A line whose rest is only spaces/tabs gives its last one (kept
-    for compatibility with the regex this replaces; callers strip it); an empty rest does
-    not count.
-    """
-    last = deque(_ANSWER_HEAD.finditer(text), maxlen=1)  # consumed in C, keeps the last
-    if not last:
-        return None
-    start = last[0].end()
-    end = text.find("\n", start)
-    rest = text[start : end if end >= 0 else len(text)]
-    return rest.strip(" \t") or rest[-1]
-
-
-def final_answer(text: str) -> str:
-    """The last ``\\boxed{}`` content, else the last ``Answer:`` line, else the whole text."""
-    found = boxed(text)
-    if found is None:
-        found = answer_line(text)
-    return (found if found is not None else text).strip()
-
-
-def normalize_text(text: str, *, case_sensitive: bool = False) -> str:
-    """Whitespace collapsed, one trailing period dropped, casefolded unless asked not to."""
-    text = " ".join(str(text).split()).removesuffix(".").strip()
-    return text if case_sensitive else text.casefold()
 
 
 def reference(sample: RewardSample, key: str, who: str) -> Any:
@@ -142,34 +72,38 @@ def math_answer(key: str = "answer", *, max_chars: int = 4000) -> RewardFn:
     Both sides go through ``math_verify.parse`` (LaTeX, ``\\boxed{}``, plain expressions);
     a reference without ``$`` delimiters that does not parse as it is is retried as
     ``$reference$``. A reference that still does not parse is a data error and raises.
-    A completion with no parsable answer scores 0.0.
+    A completion with no parsable answer scores 0.0. The check runs in the calling
+    thread (``loomrl.envs.mathverify.math_equal``); the ``qa`` environment runs the same
+    check in killable child processes instead.
     """
-    mv = _import_math_verify()
+    require_math_verify("math_answer")
     if max_chars < 1:
         raise ValueError(f"max_chars must be >= 1, got {max_chars}")
 
     def math_verify(sample: RewardSample) -> float:
-        gold_text = str(reference(sample, key, "math_answer"))
-        gold = mv.parse(gold_text, parsing_timeout=None)
-        if not gold and "$" not in gold_text:
-            gold = mv.parse(f"${gold_text}$", parsing_timeout=None)
-        if not gold:
-            raise ValueError(f"math-verify cannot parse the reference answer {gold_text!r:.200}")
-        answer = mv.parse(sample.completion[-max_chars:], parsing_timeout=None)
-        return float(bool(answer) and mv.verify(gold, answer, timeout_seconds=None))
+        gold = str(reference(sample, key, "math_answer"))
+        return float(math_equal(gold, sample.completion[-max_chars:]))
 
     return math_verify
 
 
-def _import_math_verify() -> Any:
-    try:
-        import math_verify
-    except ImportError as exc:
-        raise ImportError(
-            "math_answer needs the optional package math-verify: pip install 'loomrl[math]' "
-            "(or pip install 'math-verify>=0.9')"
-        ) from exc
-    return math_verify
+def choice_answer(key: str = "answer", *, choices_key: str = "choices") -> RewardFn:
+    """1.0 when the option the completion chose is ``example[key]``.
+
+    The choice is read by ``loomrl.envs.qa.choice.chosen`` (a letter in the last box or
+    ``Answer:`` line, "the answer is (B)", or a leading "B."); the reference is a letter,
+    a 0-based index, or the text of one of ``example[choices_key]`` (optional; it sets
+    how many letters are options). A reference that is none of these raises.
+    """
+
+    def choice_answer(sample: RewardSample) -> float:
+        options = sample.example.get(choices_key)
+        options = None if options is None else check_choices(options)
+        index = reference_index(reference(sample, key, "choice_answer"), options)
+        n = len(options) if options is not None else len(LETTERS)
+        return float(chosen(sample.completion, n) == index)
+
+    return choice_answer
 
 
 def regex_match(pattern: str | re.Pattern[str], *, flags: int = 0, full: bool = False) -> RewardFn:

@@ -74,6 +74,16 @@ register(
     "1 when math-verify finds the answer equal to example['answer'] (needs loomrl[math])",
 )
 register(
+    "choice",
+    _fn("choice", funcs.choice_answer),
+    "1 when the chosen option letter (A, B, C, ...) is example['answer']",
+)
+register(
+    "regex_match",
+    _fn("regex_match", funcs.regex_match),
+    "1 when the completion matches pattern= (found anywhere; full=True: all of it)",
+)
+register(
     "answer_format",
     _fn("answer_format", funcs.answer_format),
     "1 when the completion has an 'Answer: <number>' line",

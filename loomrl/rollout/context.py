@@ -33,6 +33,7 @@ from typing import Any, Protocol
 from loomrl.engines.base import Engine
 from loomrl.envs.base import Environment, EnvState
 from loomrl.rollout.barrier import TurnBarrier
+from loomrl.rollout.turn_rewards import check_mode
 from loomrl.tokens import ChatTokenizer
 from loomrl.types import SamplingParams, Trajectory
 from loomrl.workers import DaemonPool
@@ -175,6 +176,10 @@ def open_context(
         raise ValueError(f"max_turns must be >= 1, got {turns}")
     if env_workers < 1:
         raise ValueError(f"env_workers must be >= 1, got {env_workers}")
+    try:
+        check_mode(env.turn_reward, env.turn_discount)
+    except ValueError as exc:
+        raise ValueError(f"environment {env.name!r}: {exc}") from None
     if chat is None:
         tokenizer = getattr(engine, "tokenizer", None)
         if tokenizer is None:

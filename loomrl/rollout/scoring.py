@@ -12,6 +12,10 @@ fails while each sample alone succeeds, a batch past ``env_timeout`` (locating t
 would cost up to ``n`` more deadlines) and a batch that returns the wrong number of scores
 (the scorer's contract is broken, not one sample). With ``on_error="raise"`` the first
 error propagates as it is; a timeout is never raised.
+
+The score then meets the per-turn rewards as the env's ``turn_reward`` says
+(``loomrl.rollout.turn_rewards``); a combination that fails (a reserved component name)
+is that sample's error too.
 """
 
 from __future__ import annotations
@@ -24,6 +28,7 @@ from typing import Any
 from loomrl.aio import gather_or_cancel
 from loomrl.envs.base import Environment, EnvState, Score, split_score
 from loomrl.rollout.context import EnvTimeout, RolloutContext
+from loomrl.rollout.turn_rewards import combine
 from loomrl.types import Status, Trajectory
 
 SCORED = frozenset({Status.TERMINATED, Status.MAX_TURNS, Status.TRUNCATED})
@@ -61,7 +66,23 @@ async def score(
         elif isinstance(outcome, Exception):
             traj.status, traj.error = Status.ERROR, f"score: {type(outcome).__name__}: {outcome}"
         else:
-            traj.reward, traj.reward_components = outcome
+            _set_reward(ctx, traj, *outcome)
+
+
+def _set_reward(
+    ctx: RolloutContext, traj: Trajectory, final: float, components: dict[str, float]
+) -> None:
+    """The trajectory's reward: its final score with its per-turn rewards, combined as
+    the environment's ``turn_reward`` says."""
+    env = ctx.env
+    try:
+        traj.reward, traj.reward_components = combine(
+            env.turn_reward, final, components, traj.turn_rewards, env.turn_discount
+        )
+    except ValueError as exc:
+        if not ctx.isolate_errors:
+            raise
+        traj.status, traj.error = Status.ERROR, f"score: ValueError: {exc}"
 
 
 async def _score_batch(ctx: RolloutContext, states: Sequence[EnvState]) -> list[Outcome]:

@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import time
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -13,6 +14,7 @@ from rich.markup import escape
 from rich.table import Table
 
 from loomrl.config import load_run_config, read_toml
+from loomrl.data import Drawn
 from loomrl.rundir import RunDirError, check_run
 from loomrl.train.config import TrainConfig
 from loomrl.train.loop import train
@@ -58,9 +60,14 @@ def resume_config(run_dir: Path) -> TrainConfig:
 
 
 async def run_train(
-    config: TrainConfig, console: Console, resume: Path | None = None, overwrite: bool = False
+    config: TrainConfig,
+    console: Console,
+    resume: Path | None = None,
+    overwrite: bool = False,
+    drawn: Mapping[str, Drawn] | None = None,
 ) -> tuple[Path, list[dict[str, Any]]]:
-    """Train (or continue ``resume``) with a live table; write ``report.md``."""
+    """Train (or continue ``resume``) with a live table; write ``report.md``. ``drawn``:
+    the tasks' examples if already drawn (``loomrl.train.loop.draw_tasks``)."""
     out = resume or config.out or default_out()
     title = escape(f"train {' + '.join(config.task_specs())} x {config.model} -> {out}")
     rows: list[dict[str, Any]] = []
@@ -72,8 +79,9 @@ async def run_train(
             live.update(table(rows, title))
 
         all_rows = await train(
-            config, out, resume=resume is not None, overwrite=overwrite, on_step=show
-        )
+            config, out, resume=resume is not None, overwrite=overwrite, on_step=show,
+            drawn=drawn,
+        )  # fmt: skip
     (out / "report.md").write_text(report(config, all_rows))
     return out, all_rows
 

@@ -10,18 +10,29 @@ from typing import Any, Literal
 import tomli_w
 from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator
 
-from loomrl.config import MAX_EXAMPLES, MAX_SEED, read_toml, table_of
+from loomrl.config import MAX_EXAMPLES, MAX_SEED, TURN_DISCOUNT, TURN_REWARD, read_toml, table_of
+from loomrl.data import DataConfig
 from loomrl.models import DEFAULT_MODEL
+from loomrl.rollout.turn_rewards import TurnReward
 from loomrl.train.learner import LearnerConfig
 
 
 class TaskConfig(BaseModel):
-    """One task of a multi-task run: its environment's arguments and its share."""
+    """One task of a multi-task run: its environment, the environment's arguments, its
+    data (if any) and its share."""
 
     model_config = ConfigDict(extra="forbid")
 
     weight: float = Field(1.0, gt=0, allow_inf_nan=False, description="share of each step's groups")
+    env: str | None = Field(
+        None, description="environment name (default: the task's name); two tasks may share one"
+    )
     env_args: dict[str, Any] = Field(default_factory=dict, description="environment kwargs")
+    data: DataConfig | None = Field(
+        None, description="examples from a data file (cycled in epochs) instead of the env's"
+    )
+    turn_reward: TurnReward | None = TURN_REWARD
+    turn_discount: float | None = TURN_DISCOUNT
 
 
 class TrainConfig(BaseModel):
@@ -32,6 +43,9 @@ class TrainConfig(BaseModel):
 
     env: str = Field("arith", description="environment name (see `loomrl envs`)")
     env_args: dict[str, Any] = Field(default_factory=dict, description="environment kwargs")
+    data: DataConfig | None = Field(
+        None, description="the single env's examples from a data file (cycled in epochs)"
+    )
     model: str = Field(DEFAULT_MODEL, description="model spec or local HF directory")
     seed: int = Field(0, ge=0, le=MAX_SEED, description="seed of examples, sampling and learner")
     steps: int = Field(40, ge=1, description="optimizer steps")
@@ -47,10 +61,12 @@ class TrainConfig(BaseModel):
     )
     concurrency: int = Field(64, ge=1, description="trajectories in flight")
     env_timeout: float | None = Field(30.0, gt=0, description="seconds per env call")
+    turn_reward: TurnReward | None = TURN_REWARD
+    turn_discount: float | None = TURN_DISCOUNT
     tasks: dict[str, TaskConfig] = Field(
         default_factory=dict,
-        description="environment name -> weight and args; several tasks share each step by "
-        "weight (empty: the single `env`)",
+        description="task name -> env (default: the name), weight, env_args and data; several "
+        "tasks share each step by weight (empty: the single `env`)",
     )
     producer: Literal["sync", "async"] = Field(
         "sync", description="'async' keeps producing while the learner trains"
@@ -121,6 +137,10 @@ class TrainConfig(BaseModel):
                 "env_args are the single env's; with tasks, give each task its own "
                 "[tasks.NAME.env_args]"
             )
+        if value and info.data.get("data") is not None:
+            raise ValueError(
+                "data is the single env's; with tasks, give each task its own [tasks.NAME] data"
+            )
         return value
 
     @classmethod
@@ -131,8 +151,30 @@ class TrainConfig(BaseModel):
         return cls.model_validate(data)
 
     def task_specs(self) -> dict[str, TaskConfig]:
-        """The tasks to train on: ``tasks``, or the single ``env`` with ``env_args``."""
-        return self.tasks or {self.env: TaskConfig(env_args=self.env_args)}
+        """The tasks to train on: ``tasks``, or the single ``env`` with ``env_args`` and
+        ``data``; each with its ``env`` set (a task's defaults to its name)."""
+        if not self.tasks:
+            return {
+                self.env: TaskConfig(
+                    env=self.env,
+                    env_args=self.env_args,
+                    data=self.data,
+                    turn_reward=self.turn_reward,
+                    turn_discount=self.turn_discount,
+                )
+            }
+        return {
+            name: spec.model_copy(
+                update={
+                    "env": spec.env or name,
+                    "turn_reward": spec.turn_reward or self.turn_reward,
+                    "turn_discount": (
+                        self.turn_discount if spec.turn_discount is None else spec.turn_discount
+                    ),
+                }
+            )
+            for name, spec in self.tasks.items()
+        }
 
     def learner(self) -> LearnerConfig:
         return LearnerConfig(

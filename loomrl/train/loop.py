@@ -13,12 +13,13 @@ from __future__ import annotations
 import json
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
 import torch
 
+from loomrl.data import Drawn, Fingerprint, check_record, draw, write_record
 from loomrl.envs import load as load_env
 from loomrl.experience import make_experience
 from loomrl.experience.files import check_estimator
@@ -28,6 +29,7 @@ from loomrl.producer.metrics import producer_metrics
 from loomrl.rollout import Rollouts
 from loomrl.rollout.metrics import compute_metrics
 from loomrl.rollout.scoring import SCORED
+from loomrl.rollout.turn_rewards import counting_turns
 from loomrl.rundir import BUFFER, check_new_run, clear_run, open_buffer
 from loomrl.runs import write_trajectories
 from loomrl.train.checkpoint import (
@@ -70,13 +72,16 @@ async def train(
     overwrite: bool = False,
     make_engine: Callable[[Path, int], Any] | None = None,
     on_step: StepCallback | None = None,
+    drawn: Mapping[str, Drawn] | None = None,
 ) -> list[dict[str, Any]]:
     """Run (or, with ``resume``, continue) training into ``out``; return all metric rows.
 
     A new run refuses a directory that holds a run (``RunDirError``) unless ``overwrite``,
     which removes that run's files first. Everything that can refuse the request (the
-    checkpoint, the model, the environments, the estimator) is checked before anything is
-    written or the engine starts."""
+    checkpoint, the model, the environments, the data, the estimator) is checked before
+    anything is written or the engine starts; a resumed run refuses data that changed
+    since it started. ``drawn`` are the tasks' examples when already drawn
+    (``draw_tasks``; the command draws them while checking its input)."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     if not resume:
@@ -90,7 +95,10 @@ async def train(
     else:
         run_id = uuid.uuid4().hex
         torch.manual_seed(config.seed)
-    tasks = _tasks(config)
+    drawn = drawn if drawn is not None else draw_tasks(config)
+    if resume:
+        check_record(out, _fingerprints(drawn))
+    tasks = _tasks(config, drawn)
     dtype = getattr(torch, config.dtype)
     try:
         model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=dtype)
@@ -110,7 +118,7 @@ async def train(
         clear_run(out)
     buffer = _open_buffer(out, start)
     try:
-        rows = _prepare_run_dir(out, config, start)
+        rows = _prepare_run_dir(out, config, start, _fingerprints(drawn))
         if start >= config.steps:  # a finished run: nothing to produce, no engine to start
             buffer.close()
             return rows
@@ -166,15 +174,33 @@ def _open_buffer(out: Path, start: int) -> ReplayBuffer:
     return buffer
 
 
-def _tasks(config: TrainConfig) -> list[Task]:
-    """One task per environment, each with a seeded pool of examples drawn in order,
-    large enough for every step even with over-sampling and filtering."""
+def draw_tasks(config: TrainConfig) -> dict[str, Drawn]:
+    """Each task's seeded pool of examples, drawn in order and large enough for every step
+    even with over-sampling and filtering: from the env's generator, or its data's rows
+    cycled in epochs (``loomrl.data.Epochs``)."""
     pool = example_pool(config.steps, config.prompts_per_step)
+    drawn = {}
+    for name, spec in config.task_specs().items():
+        env_name = spec.env or name
+        where = f"[train.tasks.{name}]" if config.tasks else "[train]"
+        drawn[name] = draw(
+            env_name, load_env(env_name, **spec.env_args), spec.data, pool, config.seed,
+            cycle=True, needs=f"data (data = FILE in {where})",
+        )  # fmt: skip
+    return drawn
+
+
+def _tasks(config: TrainConfig, drawn: Mapping[str, Drawn]) -> list[Task]:
+    """One task per ``task_specs`` entry over its drawn examples."""
     return [
-        Task(name, env, env.dataset(pool, seed=config.seed), weight=spec.weight)
+        Task(name, env, drawn[name].examples, spec.weight)
         for name, spec in config.task_specs().items()
-        for env in [load_env(name, **spec.env_args)]
+        for env in [counting_turns(load_env(spec.env or name, **spec.env_args), spec)]
     ]
+
+
+def _fingerprints(drawn: Mapping[str, Drawn]) -> dict[str, Fingerprint]:
+    return {name: d.fingerprint for name, d in drawn.items() if d.fingerprint is not None}
 
 
 def _producer(
@@ -288,15 +314,18 @@ def read_rows(path: Path) -> list[dict[str, Any]]:
     return rows
 
 
-def _prepare_run_dir(out: Path, config: TrainConfig, start: int) -> list[dict[str, Any]]:
-    """A new run writes its config; a resumed one keeps exactly the steps up to its
-    checkpoint (and its ``config.toml`` as it is)."""
+def _prepare_run_dir(
+    out: Path, config: TrainConfig, start: int, prints: Mapping[str, Fingerprint]
+) -> list[dict[str, Any]]:
+    """A new run writes its data record and config; a resumed one keeps exactly the steps
+    up to its checkpoint (and its ``config.toml`` and ``data.json`` as they are)."""
     import tomli_w
 
     from loomrl.runs import toml_ready
 
     out.mkdir(parents=True, exist_ok=True)
     if start == 0:
+        write_record(out, prints)  # before config.toml: a run that has one has the other
         (out / "config.toml").write_text(tomli_w.dumps(toml_ready(config.model_dump(mode="json"))))
     segments = out / "trajectories"
     segments.mkdir(exist_ok=True)

@@ -154,6 +154,8 @@ def test_a_config_toml_that_no_longer_validates_is_named(cli, run):
         ("model = 'no-such-model'\n", "unknown model 'no-such-model': expected one of"),
         ("engine_args = {max_model_len = 9}\n",
          "{file}: engine_args may not set max_model_len (set by max_len)"),
+        ("turn_reward = 'summ'\n", "{file}: turn_reward = \"summ\": Input should be 'final'"),
+        ("turn_discount = 2\n", "{file}: turn_discount = 2: Input should be less than or equal"),
     ],
 )  # fmt: skip
 def test_bad_configs_are_one_line_before_any_engine(cli, tmp_path, text, message):
@@ -208,3 +210,12 @@ def test_an_interrupted_run_says_how_to_continue(cli, monkeypatch, tmp_path):
     assert (
         result.error == f"interrupted; continue with `loomrl rollout --resume {tmp_path / 'run'}`"
     )
+
+
+def test_a_config_overrides_how_the_envs_turn_rewards_count(cli, scripted, tmp_path):
+    path = tmp_path / "sum.toml"
+    path.write_text("turn_reward = 'final+sum'\n")
+    out = tmp_path / "out"
+    assert cli("rollout", *SMALL, "--config", path, "--out", out).code == 0
+    for traj in read_trajectories(out / "trajectories.parquet"):
+        assert set(traj["reward_components"]) == {"solved", "turn_penalty", "turns"}

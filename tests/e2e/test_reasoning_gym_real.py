@@ -1,11 +1,9 @@
 """A reasoning-gym task rolled out on real vLLM with the default model: every trajectory
 keeps the token contract and is scored by the task's own scorer.
 
-The contract checked is the text-level one of ``test_rollout_real`` (decoded ids are a
-prefix of the re-rendered conversation; each mask-1 span is its assistant message):
-sampled text may be tokenized other than the tokenizer would encode it (``"\\n\\n"`` as
-one token where the re-encoding has two), which ``tests/contract.py``'s id-level
-comparison, made for scripted engines, reports as drift."""
+Each trajectory passes ``tests/contract.py`` (sampled text spelled with other tokens than
+encoding it gives is compared by text there) and, read back from Parquet, the text-level
+check of ``test_rollout_real``."""
 
 from __future__ import annotations
 
@@ -20,7 +18,9 @@ from loomrl.types import SamplingParams, Status
 pytestmark = pytest.mark.e2e
 
 
-async def test_basic_arithmetic_rollouts_keep_the_contract(default_engine, tmp_path):
+async def test_basic_arithmetic_rollouts_keep_the_contract(
+    default_engine, tmp_path, check_contract
+):
     env = loomrl.envs.load(
         "reasoning_gym:basic_arithmetic", max_terms=2, max_digits=1, format_weight=0.5
     )
@@ -35,6 +35,8 @@ async def test_basic_arithmetic_rollouts_keep_the_contract(default_engine, tmp_p
         env_timeout=30,
     )
     assert [t.status for t in results] == [Status.TERMINATED] * 8, [t.error for t in results]
+    for traj in results:
+        check_contract(traj)
     write_trajectories(tmp_path / "t.parquet", results)
     chat = ChatTokenizer(default_engine.tokenizer)
     for row in read_trajectories(tmp_path / "t.parquet"):

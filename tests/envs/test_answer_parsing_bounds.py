@@ -12,9 +12,13 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from loomrl.envs.answers import NUMBER, Answer, extract_answer, parse_number, same_number
+from loomrl.envs import load
+from loomrl.envs.answers import NUMBER, Answer, extract_answer, parse_number, same_number, unwrap
 from loomrl.envs.guess_number import MAX_DIGITS, GuessNumberEnv, first_int
 from loomrl.envs.parsers import HermesParser, ToolCall, ToolCallError
+from loomrl.envs.qa import choice
+from loomrl.envs.qa.checks import formatted
+from loomrl.envs.qa.mathcheck import math_target
 
 BOUND_S = 0.05  # per parse of a 100k-character reply
 SIZE = 100_000
@@ -38,6 +42,36 @@ def naive_first_int(text: str) -> int | None:
     return int(match.group()) if match else None
 
 
+# qa's choice reader, written with plain (backtracking) quantifiers instead of possessive
+# ones: the same rules, read the same way.
+_OPEN_NAIVE = r"(?:[\s*_`$(\[{]|\\(?:text(?:bf|rm)?|math(?:rm|bf))\{)*"
+_NAIVE_LEAD = re.compile(rf"{_OPEN_NAIVE}([A-Za-z])(?![A-Za-z0-9])")
+_NAIVE_PHRASE = re.compile(
+    rf"\b(?i:answer|option|choice)(?:\s+(?i:is|would\s+be))?[\s:]*{_OPEN_NAIVE}([A-Z])(?![A-Za-z0-9])"
+)
+_NAIVE_START = re.compile(rf"{_OPEN_NAIVE}([A-Z])(?=[.):*\]}}\n]|$)")
+
+
+def naive_chosen(text: str, n: int) -> int | None:
+    from loomrl.envs.answers import answer_line, boxed
+
+    for part in (boxed(text), answer_line(text)):
+        match = None if part is None else _NAIVE_LEAD.match(part)
+        if match is None:
+            continue
+        letter = match.group(1)
+        if letter.islower() and re.fullmatch(r"[\s*_`$)\]}.:]*", part[match.end() :]) is None:
+            continue
+        if ord(letter.upper()) - 65 < n:
+            return ord(letter.upper()) - 65
+    found = [ord(m.group(1)) - 65 for m in _NAIVE_PHRASE.finditer(text)]
+    found = [i for i in found if i < n]
+    if found:
+        return found[-1]
+    match = _NAIVE_START.match(text)
+    return None if match is None or ord(match.group(1)) - 65 >= n else ord(match.group(1)) - 65
+
+
 # Pieces that make the regexes' corner cases likely: heads in any case (and the long s,
 # which IGNORECASE matches to 's'), separators, signs, periods, digits, other lines.
 PIECES = [
@@ -57,6 +91,19 @@ def test_extract_answer_matches_the_regex_it_replaces(text):
 @given(texts)
 def test_first_int_matches_the_plain_regex(text):
     assert first_int(text) == naive_first_int(text)
+
+
+CHOICE_PIECES = [
+    "answer", "Answer:", "ANSWER", "option", "choice", " is", " would be", " ", "\n", ":",
+    "(", ")", "[", "**", "_", "`", "$", "\\text{", "\\boxed{", "}", "{", "B", "b", "E", "I",
+    "Z", "x", ".", "s", "1",
+]  # fmt: skip
+
+
+@settings(max_examples=1000, deadline=None)
+@given(st.lists(st.sampled_from(CHOICE_PIECES), max_size=16).map("".join), st.sampled_from([4, 26]))
+def test_chosen_matches_the_backtracking_regexes(text, n):
+    assert choice.chosen(text, n) == naive_chosen(text, n)
 
 
 @pytest.mark.parametrize(
@@ -143,11 +190,36 @@ ADVERSARIAL = {
     "closing tags": "</tool_call>" * (SIZE // 12),
     "many calls": '<tool_call>{"name": "f"}</tool_call>' * (SIZE // 36),
     "json digits": '<tool_call>{"name": "f", "arguments": {"x": ' + "1" * SIZE + "}}",
+    "choice heads": "The answer is " * (SIZE // 14),
+    "choice head then spaces": "answer " + " \t" * (SIZE // 2),  # quadratic when backtracking
+    "choice is then spaces": "answer is" + " " * SIZE + "x",
+    "choice colons": "option :" + " :" * (SIZE // 2),
+    "choice openers": "answer: " + "(" * SIZE,
+    "choice wrappers": "answer **" * (SIZE // 9),
+    "text openers": "\\text{" * (SIZE // 6),
+    "capitals": "A" * SIZE,
+    "capital options": "A. " * (SIZE // 3),
+    "stars": "*" * SIZE,
+    "quotes": '"' * SIZE,
 }
+_EXACT = load("qa", reward="exact")
+_REGEX = load("qa", reward="regex", pattern=r"[0-9]+")
+_SEARCH = load("qa", reward="regex", pattern=r"is [0-9]+", match="search")
+_CHOICE = load("qa", reward="choice")
 PARSERS = {
     "extract_answer": extract_answer,
     "first_int": first_int,
     "hermes": HermesParser().parse,
+    "qa chosen": lambda text: choice.chosen(text, 4),
+    "qa unwrap": unwrap,
+    "qa math_target": math_target,
+    "qa formatted": lambda text: (formatted(text, "boxed"), formatted(text, "line")),
+    "qa exact": lambda text: _EXACT.correct(text, {"id": 0, "answer": "7"}),
+    "qa regex": lambda text: _REGEX.correct(text, {"id": 0}),
+    "qa regex search": lambda text: _SEARCH.correct(text, {"id": 0}),
+    "qa choice": lambda text: _CHOICE.correct(
+        text, {"id": 0, "answer": "B", "choices": list("wxyz")}
+    ),
 }
 
 

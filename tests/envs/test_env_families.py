@@ -39,7 +39,7 @@ def test_the_family_is_listed_once_with_a_placeholder():
 
 @pytest.mark.parametrize("name", ["fam:zzz", "fam:", "other:a"])
 def test_unknown_members_and_prefixes_are_refused_before_building(name):
-    with pytest.raises(ValueError, match="zzz|no fam member|unknown environment"):
+    with pytest.raises(ValueError, match=r"zzz|no fam member|unknown environment"):
         check_args(name, {})
 
 
@@ -55,3 +55,38 @@ def test_a_taken_prefix_needs_replace():
         register_family("fam", Member, "again")
     register_family("fam", Member, "again", replace=True)
     assert available()["fam:NAME"] == "again"
+
+
+class FakeEntryPoint:
+    """An installed package's ``loomrl.envs`` entry point (what importlib.metadata gives)."""
+
+    def __init__(self, name, value, target):
+        self.name, self.value, self.target = name, value, target
+
+    def load(self):
+        if isinstance(self.target, Exception):
+            raise self.target
+        return self.target
+
+
+@pytest.fixture
+def plugins(monkeypatch):
+    monkeypatch.setattr(registry, "_ENVS", dict(registry._ENVS))
+    points = [
+        FakeEntryPoint("pkg_env", "pkg.envs:PkgEnv", lambda size=1: Member("pkg", size)),
+        FakeEntryPoint("broken_env", "pkg.broken:Env", ImportError("no module named pkg.x")),
+    ]
+    monkeypatch.setattr(registry, "_entry_points", lambda: points)
+
+
+def test_an_installed_packages_env_is_listed_without_import_and_loads_by_name(plugins):
+    assert "pkg.envs:PkgEnv" in available()["pkg_env"]
+    env = load("pkg_env", size=4)
+    assert env.size == 4 and "pkg_env" in registry._ENVS  # registered on first use
+    with pytest.raises(EnvArgsError, match="no argument"):
+        check_args("pkg_env", {"colour": 1})
+
+
+def test_an_entry_point_that_fails_to_import_is_named(plugins):
+    with pytest.raises(ValueError, match=r"pkg\.broken:Env, which failed to import: ImportError"):
+        load("broken_env")

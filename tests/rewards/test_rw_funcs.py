@@ -14,6 +14,7 @@ from loomrl.rewards import (
     Rubric,
     answer_format,
     available,
+    choice_answer,
     exact_match,
     length_penalty,
     load,
@@ -110,6 +111,25 @@ def test_regex_match_and_answer_format():
         regex_match("(")
     assert answer_format()(s("work\nAnswer: -3")) == 1.0
     assert answer_format()(s("the answer is 3")) == 0.0
+
+
+def test_choice_answer_reads_the_chosen_letter():
+    assert choice_answer()(s("The answer is (B).", answer="B")) == 1.0
+    assert choice_answer()(s("Answer: C", answer=1)) == 0.0
+    options = {"choices": ["Lyon", "Paris"]}
+    assert choice_answer()(s(r"\boxed{B}", answer="Paris", **options)) == 1.0
+    assert choice_answer("gold", choices_key="opts")(s("B.", gold=1, opts=["x", "y"])) == 1.0
+    with pytest.raises(ValueError, match="out of range for 2 options"):
+        choice_answer()(s("B", answer="C", **options))
+    with pytest.raises(ValueError, match=r"choice_answer reads example\['answer'\]"):
+        choice_answer()(s("B"))
+
+
+async def test_choice_and_regex_match_are_sources_by_name():
+    assert {"choice", "regex_match"} <= set(available())
+    samples = [s("Answer: B", answer="B"), s("Answer: A", answer="B")]
+    assert await load("choice")(samples) == [1.0, 0.0]
+    assert await load("regex_match", pattern=r"Answer: [A-D]$", full=True)(samples) == [1.0, 1.0]
 
 
 def test_length_penalty_is_dapo_soft_overlong_punishment():

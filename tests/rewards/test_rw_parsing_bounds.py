@@ -11,7 +11,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from loomrl.rewards import RewardSample, answer_format, exact_match
+from loomrl.rewards import RewardSample, answer_format, choice_answer, exact_match
 from loomrl.rewards.funcs import answer_line, boxed, final_answer
 from loomrl.rewards.judge import _NUMBER, parse_score
 
@@ -114,6 +114,8 @@ ADVERSARIAL = {
     "unclosed tags": "<tool_call>{" * (SIZE // 12),
     "digits": "7" * SIZE,
     "answer digits": "Answer: " + "7" * SIZE,
+    "choice head then spaces": "answer " + " \t" * (SIZE // 2),
+    "choice openers": "The answer is " + "(" * SIZE,
 }
 SCORERS = {
     "boxed": boxed,
@@ -123,6 +125,9 @@ SCORERS = {
         RewardSample(prompt="q", completion=text, example={"answer": "7"})
     ),
     "answer_format": lambda text: answer_format()(RewardSample(prompt="q", completion=text)),
+    "choice_answer": lambda text: choice_answer()(
+        RewardSample(prompt="q", completion=text, example={"answer": "B"})
+    ),
     "judge parse_score": lambda text: _parse_or_none(text),
 }
 

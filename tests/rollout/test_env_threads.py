@@ -55,7 +55,8 @@ async def test_sync_methods_run_where_the_env_asks(make_engine, nonblocking, fro
 async def test_builtin_envs_declare_nonblocking_methods():
     # Families (``prefix:NAME``) adapt other packages, whose code may block: not theirs.
     for name in loomrl.envs.available():
-        if ":" not in name:
+        # qa's math_verify reward waits on a child process (tests/envs/test_qa_env)
+        if ":" not in name and name != "qa":
             assert loomrl.envs.load(name).nonblocking, name
 
 
