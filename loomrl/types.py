@@ -130,6 +130,9 @@ class Trajectory:
     turn_rewards: list[float | None] = field(default_factory=list)
     error: str | None = None
     timings: dict[str, float] = field(default_factory=dict)
+    #: Counts the environment reported, summed over the episode's steps (each
+    #: ``EnvStep.info["metrics"]``): e.g. ``tool_calls``, ``tool_errors``, ``sandbox_s``.
+    env_metrics: dict[str, float] = field(default_factory=dict)
 
     @property
     def policy_version(self) -> int:

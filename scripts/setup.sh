@@ -12,6 +12,28 @@ PIP="$VENV/bin/python -m pip"
 STAMP="$VENV/.loomrl-setup"
 want=$(cat pyproject.toml scripts/setup.sh | sha256sum | cut -d' ' -f1)
 
+# System programs some features and their tests run for real: bubblewrap isolates the code
+# sandbox (loomrl.sandbox), Chromium renders run reports in the report tests. Installed
+# where this user may (root, or sudo without a password); otherwise loomrl says what is
+# missing when it is used (the sandbox falls back to rlimits, loudly).
+want_system="bubblewrap:bwrap chromium:chromium"
+missing=""
+for pair in $want_system; do
+  command -v "${pair#*:}" >/dev/null || missing="$missing ${pair%%:*}"
+done
+if [ -n "$missing" ] && command -v apt-get >/dev/null; then
+  SUDO=""
+  [ "$(id -u)" = 0 ] || { sudo -n true 2>/dev/null && SUDO="sudo -n"; }
+  if [ "$(id -u)" = 0 ] || [ -n "$SUDO" ]; then
+    echo "[setup] installing system packages:$missing"
+    $SUDO apt-get install -y -q $missing >/dev/null 2>&1 \
+      || { $SUDO apt-get update -q >/dev/null 2>&1 && $SUDO apt-get install -y -q $missing >/dev/null; } \
+      || echo "[setup] could not install$missing (see loomrl doctor)"
+  else
+    echo "[setup] not installed (needs root):$missing — see loomrl doctor"
+  fi
+fi
+
 if [ ! -x "$VENV/bin/python" ]; then
   echo "[setup] creating $VENV"
   "$PYTHON" -m venv "$VENV"

@@ -106,6 +106,10 @@ class Environment(abc.ABC):
     #: ``loomrl.rollout.turn_rewards``. A run may override both.
     turn_reward: str = "final"
     turn_discount: float = 1.0
+    #: Tokens an env message may take in the trajectory; a longer one is cut in the
+    #: middle with a marker (``loomrl.rollout.observations``). None: no cap. A run may
+    #: override it (``max_obs_tokens``).
+    max_obs_tokens: int | None = None
 
     def reset(self, example: dict[str, Any]) -> EnvState:
         """Open an episode for ``example``: its ``messages`` (an opening conversation) when
@@ -147,6 +151,17 @@ class Environment(abc.ABC):
         if self.thread_safe:
             return list(await asyncio.gather(*(call(self.score, s) for s in states)))
         return [await call(self.score, s) for s in states]
+
+    def cleanup(self, state: EnvState) -> None:
+        """Free what the episode holds outside ``state`` (a sandbox process, temp files).
+
+        Called by the rollout once the episode is over for good: after it is scored, or
+        when it ends in an error, a timeout, an abort, a restart or a cancelled rollout.
+        Sync, quick and never raising (a failure is reported as a warning); it may still
+        see the same state again when a checkpointed episode resumes, so keep it
+        idempotent and let a later ``step`` start afresh. The default does nothing.
+        """
+        return None  # an optional hook: most environments hold nothing outside the state
 
     def dataset(self, n: int, seed: int = 0) -> list[dict[str, Any]]:
         """``n`` JSON-serialisable examples, deterministic in ``seed``, with ``id`` 0..n-1."""

@@ -61,6 +61,7 @@ def traj_to_row(traj: Trajectory) -> tuple[str, bytes]:
     data["turn_rewards"] = [None if r is None else _float_out(r) for r in traj.turn_rewards]
     data["reward_components"] = {k: _float_out(v) for k, v in traj.reward_components.items()}
     data["timings"] = {k: _float_out(v) for k, v in traj.timings.items()}
+    data["env_metrics"] = {k: _float_out(v) for k, v in traj.env_metrics.items()}
     text = json.dumps(data, separators=(",", ":"), allow_nan=False)
     prompt, completion = _packed(_INT32, traj.prompt_ids), _packed(_INT32, traj.completion_ids)
     logprobs, mask = _packed("d", traj.logprobs), bytes(traj.loss_mask)
@@ -243,6 +244,6 @@ _READERS: dict[str, Callable[[Any], Any]] = {
     "messages": _objects, "spans": _list(_span), "span_versions": _list(_int),
     "finish_reasons": _list(_str), "turns": _int, "status": _status, "reward": _float,
     "reward_components": _float_map, "turn_rewards": _list(_optional(_float)),
-    "error": _optional(_str), "timings": _float_map,
+    "error": _optional(_str), "timings": _float_map, "env_metrics": _float_map,
 }  # fmt: skip
 _REQUIRED = {"example_id", "group_id", "sample_index", "env"}

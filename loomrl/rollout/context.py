@@ -85,6 +85,7 @@ class RolloutContext:
     score_pool: Executor
     run_id: str
     inline: bool = False  # call sync env methods on the loop (see the module docstring)
+    max_obs_tokens: int | None = None  # per env message (loomrl.rollout.observations)
     barrier: TurnBarrier | None = None
     gate: Gate | None = None
     checkpoint: Checkpoint | None = None
@@ -93,6 +94,20 @@ class RolloutContext:
 
     def request_id(self) -> str:
         return f"{self.run_id}-{next(self._ids)}"
+
+    def release(self, state: EnvState | None) -> None:
+        """``env.cleanup(state)``: the episode is over. A failure is a warning, not an
+        error: the trajectory is already complete and must not be lost for it."""
+        if state is None:
+            return
+        try:
+            self.env.cleanup(state)
+        except Exception as exc:
+            warnings.warn(
+                f"{self.env.name}.cleanup failed: {type(exc).__name__}: {exc}",
+                RuntimeWarning,
+                stacklevel=2,
+            )
 
     async def env_call(self, fn: Callable[..., Any], *args: Any, what: str) -> Any:
         """Run an environment method (sync or async) under ``env_timeout``."""
@@ -199,7 +214,20 @@ def open_context(
         score_pool=DaemonPool(env_workers if env.thread_safe else 1, name="loomrl-score"),
         run_id=uuid.uuid4().hex[:8],
         inline=env.nonblocking,
+        max_obs_tokens=_obs_budget(env),
     )
+
+
+def _obs_budget(env: Environment) -> int | None:
+    budget = env.max_obs_tokens
+    if budget is not None and (
+        isinstance(budget, bool) or not isinstance(budget, int) or budget < 1
+    ):
+        raise ValueError(
+            f"environment {env.name!r}: max_obs_tokens must be a positive integer or None, "
+            f"got {budget!r}"
+        )
+    return budget
 
 
 def close_context(ctx: RolloutContext) -> None:

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 
 from loomrl.rollout.scoring import SCORED
 from loomrl.types import Status, Trajectory
@@ -47,9 +47,37 @@ class RolloutMetrics:
     generated_tokens_per_s: float
     turns_per_s: float
     trajectories_per_s: float
+    #: From the environments' ``env_metrics`` (see ``env_summary``); flat in ``as_dict``.
+    env: dict[str, float] = field(default_factory=dict)
 
     def as_dict(self) -> dict[str, float | int]:
-        return asdict(self)
+        fields = asdict(self)
+        env = fields.pop("env")
+        return {**fields, **env}
+
+
+def env_summary(trajs: Sequence[Trajectory]) -> dict[str, float]:
+    """Per-episode means of what the environments counted (``{key}_per_episode``), and
+    for tool environments the error rates per call: ``tool_error_rate`` (all kinds) and
+    ``tool_error_rate/{kind}`` from ``tool_errors/{kind}`` counts; ``sandbox_s`` is the
+    total time spent in sandboxes, like ``env_s``."""
+    totals: dict[str, float] = {}
+    for traj in trajs:
+        for key, value in traj.env_metrics.items():
+            totals[key] = totals.get(key, 0.0) + value
+    if not totals:
+        return {}
+    count = max(len(trajs), 1)
+    out = {f"{key}_per_episode": total / count for key, total in sorted(totals.items())}
+    calls = totals.get("tool_calls", 0.0)
+    if "tool_calls" in totals:
+        out["tool_error_rate"] = totals.get("tool_errors", 0.0) / max(calls, 1.0)
+        for key, total in sorted(totals.items()):
+            if key.startswith("tool_errors/"):
+                out[f"tool_error_rate/{key.removeprefix('tool_errors/')}"] = total / max(calls, 1)
+    if "sandbox_s" in totals:
+        out["sandbox_s"] = totals["sandbox_s"]
+    return out
 
 
 def compute_metrics(trajs: Sequence[Trajectory], n: int, wall_s: float) -> RolloutMetrics:
@@ -111,4 +139,5 @@ def compute_metrics(trajs: Sequence[Trajectory], n: int, wall_s: float) -> Rollo
         generated_tokens_per_s=generated / wall,
         turns_per_s=sum(turns) / wall,
         trajectories_per_s=count / wall,
+        env=env_summary(trajs),
     )

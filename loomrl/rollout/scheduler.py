@@ -157,6 +157,9 @@ class _Runner:
         for task in tasks:
             task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
+        for state in self.states.values():  # ended, but their group was never scored
+            self.ctx.release(state)
+        self.states.clear()
         if self.ctx.in_flight:
             await self.ctx.engine.abort(list(self.ctx.in_flight))
 

@@ -46,7 +46,18 @@ async def score(
     ctx: RolloutContext, trajs: Sequence[Trajectory], states: Sequence[EnvState | None]
 ) -> None:
     """Write reward and components into every trajectory that ended in a scorable way;
-    mark the ones whose scoring failed (see the module docstring)."""
+    mark the ones whose scoring failed (see the module docstring). Every state is then
+    released (``env.cleanup``): its episode is over."""
+    try:
+        await _score(ctx, trajs, states)
+    finally:
+        for state in states:
+            ctx.release(state)
+
+
+async def _score(
+    ctx: RolloutContext, trajs: Sequence[Trajectory], states: Sequence[EnvState | None]
+) -> None:
     pairs = zip(trajs, states, strict=True)
     todo = [(t, s) for t, s in pairs if s is not None and t.status in SCORED]
     if not todo:

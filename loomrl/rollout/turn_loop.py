@@ -9,12 +9,15 @@ what is trained on is exactly what the model saw.
 
 from __future__ import annotations
 
+import math
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
 from loomrl.envs.base import EnvState
 from loomrl.rollout.context import EnvTimeout, RolloutContext
+from loomrl.rollout.observations import cap_messages, fit_messages
 from loomrl.types import Completion, Status, Trajectory
 
 
@@ -52,8 +55,12 @@ async def run_trajectory(
     ``ctx.isolate_errors``). With ``resume``, ``traj`` holds a checkpointed prefix that
     is continued as it is, never re-rendered."""
     started = time.perf_counter()
+    opened: list[EnvState] = [] if resume is None else [resume.state]
+    ended = False
     try:
-        return await _play(ctx, traj, example, resume)
+        state = await _play(ctx, traj, example, resume, opened)
+        ended = True
+        return state
     except Preempted:
         raise
     except EnvTimeout as exc:
@@ -66,17 +73,24 @@ async def run_trajectory(
         traj.timings["rollout_s"] = traj.timings.get("rollout_s", 0.0) + (
             time.perf_counter() - started
         )
+        if not ended and opened:  # not going to be scored: the episode is over here
+            ctx.release(opened[0])
         if ctx.barrier is not None:
             ctx.barrier.leave()
     return None
 
 
 async def _play(
-    ctx: RolloutContext, traj: Trajectory, example: dict[str, Any], resume: Resume | None
+    ctx: RolloutContext,
+    traj: Trajectory,
+    example: dict[str, Any],
+    resume: Resume | None,
+    opened: list[EnvState],
 ) -> EnvState:
     env, chat, clock = ctx.env, ctx.chat, traj.timings
     if resume is None:
         state = await ctx.env_call(env.reset, example, what="reset")
+        opened.append(state)
         traj.messages = state.messages  # replaced below by the part the tokens encode
         traj.prompt_ids = chat.prompt_ids(state.messages, state.tools)
         if len(traj.prompt_ids) >= ctx.max_len:
@@ -148,18 +162,20 @@ async def _play(
         t0 = time.perf_counter()
         step = await ctx.env_call(env.step, state, message, what="step")
         clock["env_s"] = clock.get("env_s", 0.0) + time.perf_counter() - t0
-        state.messages.extend(step.messages)
         traj.turn_rewards.append(step.reward)
-        if step.done:
-            traj.status = Status.TERMINATED
+        _count(traj, env.name, step.info)
+        if step.done or turn == ctx.max_turns:
+            # A closing reply is not rendered (no generation follows it): kept whole.
+            state.messages.extend(step.messages)
+            traj.status = Status.TERMINATED if step.done else Status.MAX_TURNS
             break
-        if turn == ctx.max_turns:
-            traj.status = Status.MAX_TURNS  # no glue: no generation follows it
-            break
-        glue = chat.glue_ids(step.messages, turn_end=turn_end, tools=state.tools)
-        if len(traj.prompt_ids) + len(ids) + len(glue) >= ctx.max_len:
+        fitted = _fit_replies(ctx, traj, step.messages, turn_end, state.tools)
+        if fitted is None:
+            state.messages.extend(step.messages)  # scoring still sees what the env said
             traj.status = Status.TRUNCATED  # no glue past the budget: nothing could follow it
             break
+        replies, glue = fitted
+        state.messages.extend(replies)
         ids += glue
         logprobs += [0.0] * len(glue)
         mask += [0] * len(glue)
@@ -171,6 +187,52 @@ async def _play(
     # trajectory, whose messages are exactly the conversation its tokens encode.
     traj.messages = state.messages[:encoded]
     return state
+
+
+def _fit_replies(
+    ctx: RolloutContext,
+    traj: Trajectory,
+    messages: list[dict[str, Any]],
+    turn_end: tuple[int, ...],
+    tools: list[dict[str, Any]] | None,
+) -> tuple[list[dict[str, Any]], list[int]] | None:
+    """The env's messages within the observation budgets, and their glue; None when even
+    cut they leave no room to generate (see ``loomrl.rollout.observations``)."""
+    chat = ctx.chat
+
+    def glue_of(replies: Sequence[dict[str, Any]]) -> list[int]:
+        return chat.glue_ids(list(replies), turn_end=turn_end, tools=tools)
+
+    replies, cut = cap_messages(chat, messages, ctx.max_obs_tokens)
+    room = ctx.max_len - len(traj.prompt_ids) - len(traj.completion_ids)
+    glue = glue_of(replies)
+    if len(glue) >= room:  # cut the observation, not the episode, when it can be cut
+        reserve = max(1, min(ctx.sampling.max_tokens, room // 4))
+        fitted = fit_messages(chat, replies, glue_of, room, reserve)
+        if fitted is None:
+            return None
+        replies, glue, more = fitted
+        cut += more
+    if cut:
+        traj.env_metrics["obs_tokens_cut"] = traj.env_metrics.get("obs_tokens_cut", 0.0) + cut
+    return replies, glue
+
+
+def _count(traj: Trajectory, env_name: str, info: dict[str, Any]) -> None:
+    """Add the step's ``info["metrics"]`` numbers to the trajectory's ``env_metrics``."""
+    counts = info.get("metrics") if info else None
+    if not counts:
+        return
+    if not isinstance(counts, dict):
+        raise TypeError(f"{env_name}.step: info['metrics'] must be a dict of numbers")
+    totals = traj.env_metrics
+    for key, value in counts.items():
+        if not isinstance(value, int | float) or not math.isfinite(value):
+            raise TypeError(
+                f"{env_name}.step: info['metrics'][{key!r}] must be a finite number, "
+                f"got {value!r:.40}"
+            )
+        totals[key] = totals.get(key, 0.0) + float(value)
 
 
 def _open_turn_start(traj: Trajectory) -> int:
