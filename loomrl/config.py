@@ -43,6 +43,11 @@ TURN_DISCOUNT: Any = Field(
     None, ge=0, le=1,
     description="per-turn discount for turn_reward = 'discounted' (default: the environment's own)",
 )  # fmt: skip
+MAX_OBS_TOKENS: Any = Field(
+    None, ge=1,
+    description="tokens an env message may take; a longer one is cut in the middle "
+    "(default: the environment's own; docs/tools.md)",
+)  # fmt: skip
 
 
 class RolloutConfig(BaseModel):
@@ -74,6 +79,7 @@ class RolloutConfig(BaseModel):
     env_timeout: float | None = Field(30.0, gt=0, description="seconds per env call")
     turn_reward: TurnReward | None = TURN_REWARD
     turn_discount: float | None = TURN_DISCOUNT
+    max_obs_tokens: int | None = MAX_OBS_TOKENS
     on_error: Literal["raise", "isolate"] = Field(
         "isolate", description="'isolate': a failing trajectory gets status error; others go on"
     )

@@ -107,6 +107,8 @@ async def run_rollout(
         check_new_run(out, "rollout", overwrite=overwrite)
     check_spec(config.model)
     env = counting_turns(load_env(config.env, **config.env_args), config)
+    if config.max_obs_tokens is not None:
+        env.max_obs_tokens = config.max_obs_tokens
     drawn = drawn or draw_examples(config, env)
     examples = drawn.examples
     prints = {config.env: drawn.fingerprint} if drawn.fingerprint else {}
@@ -140,7 +142,7 @@ async def run_rollout(
     finally:
         if buffer is not None:
             buffer.close()
-    metrics = {**results.metrics.as_dict(), **extra}
+    metrics = {**results.metrics.as_dict(), **extra, **env.run_info()}
     write_trajectories(out / "trajectories.parquet", results)
     (out / "metrics.json").write_text(json.dumps(metrics, indent=2) + "\n")
     (out / "report.md").write_text("\n".join(report(config, metrics)) + "\n")

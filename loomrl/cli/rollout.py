@@ -25,7 +25,7 @@ from loomrl.models import DEFAULT_MODEL
 
 FLAGS = (
     "env", "model", "examples", "n", "max_turns", "max_len", "max_tokens", "temperature",
-    "concurrency", "seed", "mode", "out",
+    "concurrency", "seed", "mode", "out", "max_obs_tokens",
 )  # fmt: skip
 
 
@@ -43,6 +43,10 @@ def add_parser(sub: Any) -> None:
     roll.add_argument("--concurrency", type=int)
     roll.add_argument("--seed", type=int)
     roll.add_argument("--mode", choices=["continuous", "turn_sync"])
+    roll.add_argument(
+        "--max-obs-tokens", type=int, metavar="N",
+        help="cut env messages longer than N tokens in the middle (default: the env's own)",
+    )  # fmt: skip
     roll.add_argument("--out", type=Path, help="run directory (default runs/rollout-TIME)")
     roll.add_argument(
         "--resume", type=Path, metavar="RUN_DIR",

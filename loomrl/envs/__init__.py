@@ -17,7 +17,7 @@ from loomrl.envs.base import (
     split_score,
 )
 from loomrl.envs.registry import available, load, register, register_family
-from loomrl.envs.tools import ToolEnv
+from loomrl.envs.tools import ToolEnv, ToolResult
 
 __all__ = [
     "EnvState",
@@ -26,6 +26,7 @@ __all__ = [
     "Message",
     "Score",
     "ToolEnv",
+    "ToolResult",
     "advance",
     "available",
     "call",

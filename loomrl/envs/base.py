@@ -67,7 +67,7 @@ class EnvStep:
             self.stop = tuple(self.stop)  # accept lists; keep the record hashable-friendly
 
 
-@dataclass(slots=True)
+@dataclass(slots=True, weakref_slot=True)
 class EnvState:
     """One episode: the whole conversation so far plus env-specific ``data``.
 
@@ -151,6 +151,11 @@ class Environment(abc.ABC):
         if self.thread_safe:
             return list(await asyncio.gather(*(call(self.score, s) for s in states)))
         return [await call(self.score, s) for s in states]
+
+    def run_info(self) -> dict[str, Any]:
+        """Facts about this environment's setup that a run records beside its metrics
+        (e.g. ``{"sandbox": "bwrap"}``): plain strings and numbers. Default: none."""
+        return {}
 
     def cleanup(self, state: EnvState) -> None:
         """Free what the episode holds outside ``state`` (a sandbox process, temp files).

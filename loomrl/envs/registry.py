@@ -32,6 +32,7 @@ from loomrl.envs.adapters import textarena as ta_adapter
 from loomrl.envs.arith import ArithEnv
 from loomrl.envs.base import Environment
 from loomrl.envs.calculator import CalculatorEnv
+from loomrl.envs.python_tool import PythonToolEnv
 from loomrl.envs.guess_number import GuessNumberEnv
 from loomrl.envs.qa import QAEnv
 from loomrl.redact import redact_text, redact_value
@@ -267,6 +268,11 @@ def hint_name(hint: Any) -> str:
 register("arith", ArithEnv, "single-turn integer arithmetic; exact answer plus a format bonus")
 register("guess_number", GuessNumberEnv, "multi-turn number guessing with higher/lower hints")
 register("calculator", CalculatorEnv, "arithmetic with a calculate() tool (Hermes tool calls)")
+register(
+    "python_tool",
+    PythonToolEnv,
+    "word problems with a python() tool in a per-episode sandboxed interpreter",
+)
 register(
     "qa",
     QAEnv,

@@ -12,7 +12,7 @@ import inspect
 import re
 import types
 import typing
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from typing import Any, Literal
 
 _SIMPLE: dict[Any, str] = {str: "string", int: "integer", float: "number", bool: "boolean"}
@@ -30,8 +30,9 @@ _ARGS_HEADERS = ("Args:", "Arguments:", "Parameters:")
 _ARG_LINE = re.compile(r"^(\*{0,2}\w+)\s*(?:\([^)]*\))?\s*:\s*(.*)$")
 
 
-def function_schema(fn: Callable[..., Any]) -> dict[str, Any]:
-    """The OpenAI-style ``{"type": "function", "function": {...}}`` schema of ``fn``."""
+def function_schema(fn: Callable[..., Any], exclude: Collection[str] = ()) -> dict[str, Any]:
+    """The OpenAI-style ``{"type": "function", "function": {...}}`` schema of ``fn``;
+    parameters named in ``exclude`` are filled by the caller, not the model."""
     name = getattr(fn, "__name__", None)
     if not name or name == "<lambda>":
         raise TypeError(f"tool {fn!r} needs a proper function name")
@@ -40,6 +41,8 @@ def function_schema(fn: Callable[..., Any]) -> dict[str, Any]:
     properties: dict[str, Any] = {}
     required: list[str] = []
     for param in inspect.signature(fn).parameters.values():
+        if param.name in exclude:
+            continue
         if param.kind not in (param.POSITIONAL_OR_KEYWORD, param.KEYWORD_ONLY):
             raise TypeError(f"tool {name}: parameter {param.name!r} must be passable by keyword")
         if param.name not in hints:

@@ -2,24 +2,50 @@
 
 Each assistant turn is parsed for tool calls. Calls are checked against the schema of
 the function (from its signature and docstring), run concurrently (sync tools in
-worker threads) and answered with ``{"role": "tool", "name": ..., "content": ...}``
-messages, in call order. Anything wrong — malformed JSON, an unknown tool, bad
-arguments, an exception inside the tool — comes back as an ``Error: ...`` tool message,
-never as a crash, so the model can learn from it. A turn without a tool call is the
-final answer and ends the episode.
+worker threads, each under its timeout) and answered with ``{"role": "tool", "name":
+..., "content": ...}`` messages, in call order. Anything wrong — a malformed call, an
+unknown tool, bad arguments, an exception inside the tool, a timeout — comes back as an
+``Error: ...`` tool message, never as a crash, so the model can learn from it; each is
+counted by kind in the step's ``info["metrics"]`` (``tool_errors/<kind>``). A turn
+without a tool call is the final answer and ends the episode.
+
+A tool sees its episode when it has a parameter named ``state`` (the ``EnvState``; left
+out of the schema the model sees): it may keep per-episode data in ``state.data``, and
+the environment's ``cleanup`` frees what lives outside. A tool may return text, any
+JSON-able value (sent as JSON), or a ``ToolResult`` that also reports failure and counts.
 """
 
 from __future__ import annotations
 
 import asyncio
+import inspect
 import json
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
 from typing import Any
 
 from loomrl.envs import parsers
 from loomrl.envs.base import Environment, EnvState, EnvStep, Message, call
 from loomrl.envs.parsers import ParsedCall, ToolCallError
 from loomrl.envs.schema import function_schema, validate_arguments
+
+#: The parameter name through which a tool receives its episode's ``EnvState``.
+STATE_PARAMETER = "state"
+
+
+@dataclass(slots=True)
+class ToolResult:
+    """What a tool answers when plain text is not enough.
+
+    ``content`` is what the model sees (text, or JSON-able data sent as JSON); ``error``
+    names the kind of failure when the call failed (it is then counted in
+    ``tool_errors/<error>``; the content should say what went wrong); ``metrics`` are
+    numbers added to the episode's counts (e.g. ``sandbox_s``).
+    """
+
+    content: Any
+    error: str | None = None
+    metrics: dict[str, float] = field(default_factory=dict)
 
 
 class ToolEnv(Environment):
@@ -40,19 +66,39 @@ class ToolEnv(Environment):
         parser: str = "hermes",
         max_turns: int | None = None,
         tools_in_prompt: bool = True,
+        tool_timeout: float | None = 30.0,
+        timeouts: Mapping[str, float | None] | None = None,
+        max_obs_tokens: int | None = None,
     ) -> None:
+        """``tool_timeout`` seconds per call (None: none), ``timeouts`` per tool name. A
+        sync tool past its timeout is answered with an error at once, but its thread
+        runs on to its end (Python cannot stop a thread): make long tools async, or give
+        them their own deadline. ``max_obs_tokens`` caps each tool message."""
         self.tools: dict[str, Callable[..., Any]] = {}
         self.schemas: dict[str, dict[str, Any]] = {}
+        self.wants_state: set[str] = set()
         for tool in tools:
-            schema = function_schema(tool)
+            takes_state = STATE_PARAMETER in _parameters(tool)
+            schema = function_schema(tool, exclude=(STATE_PARAMETER,) if takes_state else ())
             tool_name = schema["function"]["name"]
             if tool_name in self.tools:
                 raise ValueError(f"two tools are named {tool_name!r}")
             self.tools[tool_name], self.schemas[tool_name] = tool, schema
+            if takes_state:
+                self.wants_state.add(tool_name)
+        unknown = set(timeouts or {}) - set(self.tools)
+        if unknown:
+            raise ValueError(f"timeouts for unknown tools: {sorted(unknown)}")
+        self.timeouts = {name: tool_timeout for name in self.tools} | dict(timeouts or {})
+        for name, limit in self.timeouts.items():
+            if limit is not None and not limit > 0:
+                raise ValueError(f"tool {name!r}: timeout must be > 0 seconds or None")
         self.parser = parsers.get(parser)
         self.tools_in_prompt = tools_in_prompt
         if max_turns is not None:
             self.max_turns = max_turns
+        if max_obs_tokens is not None:
+            self.max_obs_tokens = max_obs_tokens
 
     def reset(self, example: dict[str, Any]) -> EnvState:
         state = super().reset(example)
@@ -68,33 +114,61 @@ class ToolEnv(Environment):
         return state
 
     async def step(self, state: EnvState, message: Message) -> EnvStep:
-        attempts = self.parser.parse(message["content"])
+        attempts = self.parse(message["content"])
         if not attempts:
             return EnvStep(messages=[], done=True, info={"tool_calls": 0})
-        answers = await asyncio.gather(*(self.answer(a) for a in attempts))
-        pairs = zip(attempts, answers, strict=True)
-        messages = [_tool_message(a.name, text) for a, (text, _) in pairs]
-        errors = sum(not ok for _, ok in answers)
-        info = {"tool_calls": len(attempts), "tool_errors": errors}
+        results = await asyncio.gather(*(self.answer(a, state) for a in attempts))
+        pairs = zip(attempts, results, strict=True)
+        messages = [_tool_message(a.name, _as_text(r.content)) for a, r in pairs]
+        counts: dict[str, float] = {"tool_calls": len(attempts), "tool_errors": 0}
+        for result in results:
+            if result.error is not None:
+                counts["tool_errors"] += 1
+                key = f"tool_errors/{result.error}"
+                counts[key] = counts.get(key, 0) + 1
+            for key, value in result.metrics.items():
+                counts[key] = counts.get(key, 0.0) + value
+        info = {
+            "tool_calls": len(attempts),
+            "tool_errors": int(counts["tool_errors"]),
+            "metrics": counts,
+        }
         return EnvStep(messages=messages, done=False, info=info)
 
-    async def answer(self, attempt: ParsedCall) -> tuple[str, bool]:
-        """``(text, ok)`` answering one call attempt: the result, or ``Error: ...``."""
+    def parse(self, text: str) -> list[ParsedCall]:
+        """The call attempts in one reply, read by this environment's parser."""
+        return self.parser.parse(text)
+
+    async def answer(self, attempt: ParsedCall, state: EnvState | None = None) -> ToolResult:
+        """One call attempt's answer: the tool's result, or ``Error: ...`` with its kind."""
         if isinstance(attempt, ToolCallError):
-            return f"Error: {attempt.error}", False
+            return ToolResult(f"Error: {attempt.error}", getattr(attempt, "kind", "parse"))
         tool = self.tools.get(attempt.name)
         if tool is None:
             known = ", ".join(self.tools)
-            return f"Error: unknown tool {attempt.name!r}; available tools: {known}", False
+            text = f"Error: unknown tool {attempt.name!r}; available tools: {known}"
+            return ToolResult(text, "unknown_tool")
         parameters = self.schemas[attempt.name]["function"]["parameters"]
         problems = validate_arguments(parameters, attempt.arguments)
         if problems:
-            return f"Error: invalid arguments for {attempt.name}: {'; '.join(problems)}", False
+            text = f"Error: invalid arguments for {attempt.name}: {'; '.join(problems)}"
+            return ToolResult(text, "arguments")
+        arguments = dict(attempt.arguments)
+        if attempt.name in self.wants_state:
+            arguments[STATE_PARAMETER] = state
+        limit = self.timeouts[attempt.name]
+        deadline = asyncio.timeout(limit)
         try:
-            result = await call(tool, **attempt.arguments)
+            async with deadline:
+                result = await call(tool, **arguments)
+        except TimeoutError as e:
+            if not deadline.expired():  # the tool's own TimeoutError: its failure
+                return ToolResult(f"Error: TimeoutError: {e}", "exception")
+            text = f"Error: {attempt.name} took longer than its {limit:g} s timeout"
+            return ToolResult(text, "timeout")
         except Exception as e:  # a tool failure is an observation for the model, not a crash
-            return f"Error: {type(e).__name__}: {e}", False
-        return _as_text(result), True
+            return ToolResult(f"Error: {type(e).__name__}: {e}", "exception")
+        return result if isinstance(result, ToolResult) else ToolResult(result)
 
 
 def _tool_message(name: str | None, content: str) -> Message:
@@ -102,6 +176,13 @@ def _tool_message(name: str | None, content: str) -> Message:
     if name is None:
         return {"role": "tool", "content": content}
     return {"role": "tool", "name": name, "content": content}
+
+
+def _parameters(fn: Callable[..., Any]) -> Mapping[str, inspect.Parameter]:
+    try:
+        return inspect.signature(fn).parameters
+    except (TypeError, ValueError):
+        return {}
 
 
 def _as_text(result: Any) -> str:

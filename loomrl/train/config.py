@@ -10,7 +10,15 @@ from typing import Any, Literal
 import tomli_w
 from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator
 
-from loomrl.config import MAX_EXAMPLES, MAX_SEED, TURN_DISCOUNT, TURN_REWARD, read_toml, table_of
+from loomrl.config import (
+    MAX_EXAMPLES,
+    MAX_OBS_TOKENS,
+    MAX_SEED,
+    TURN_DISCOUNT,
+    TURN_REWARD,
+    read_toml,
+    table_of,
+)
 from loomrl.data import DataConfig
 from loomrl.models import DEFAULT_MODEL
 from loomrl.rollout.turn_rewards import TurnReward
@@ -63,6 +71,7 @@ class TrainConfig(BaseModel):
     env_timeout: float | None = Field(30.0, gt=0, description="seconds per env call")
     turn_reward: TurnReward | None = TURN_REWARD
     turn_discount: float | None = TURN_DISCOUNT
+    max_obs_tokens: int | None = MAX_OBS_TOKENS
     tasks: dict[str, TaskConfig] = Field(
         default_factory=dict,
         description="task name -> env (default: the name), weight, env_args and data; several "

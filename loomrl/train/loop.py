@@ -20,6 +20,7 @@ from typing import Any
 import torch
 
 from loomrl.data import Drawn, Fingerprint, check_record, draw, write_record
+from loomrl.envs import Environment
 from loomrl.envs import load as load_env
 from loomrl.experience import make_experience
 from loomrl.experience.files import check_estimator
@@ -146,6 +147,7 @@ async def train(
                 step=step + 1, rollout_s=rollout_s, sync_s=sync_s,
                 step_s=time.perf_counter() - started, policy_version=engine.policy_version,
                 **_rollout_metrics(trajs, production, rows[-1] if rows else None), **production,
+                **{k: v for task in tasks for k, v in task.env.run_info().items()},
             )  # fmt: skip
             write_trajectories(out / "trajectories" / f"step-{step + 1:06d}.parquet", trajs)
             with open(out / "metrics.jsonl", "a") as f:
@@ -195,8 +197,17 @@ def _tasks(config: TrainConfig, drawn: Mapping[str, Drawn]) -> list[Task]:
     return [
         Task(name, env, drawn[name].examples, spec.weight)
         for name, spec in config.task_specs().items()
-        for env in [counting_turns(load_env(spec.env or name, **spec.env_args), spec)]
+        for env in [
+            _budgeted(counting_turns(load_env(spec.env or name, **spec.env_args), spec), config)
+        ]
     ]
+
+
+def _budgeted(env: Environment, config: TrainConfig) -> Environment:
+    """``env`` with the run's ``max_obs_tokens`` (when set) in place of its own."""
+    if config.max_obs_tokens is not None:
+        env.max_obs_tokens = config.max_obs_tokens
+    return env
 
 
 def _fingerprints(drawn: Mapping[str, Drawn]) -> dict[str, Fingerprint]:
@@ -280,6 +291,7 @@ def _rollout_metrics(
         "completion_tokens_mean": m.generated_tokens_mean,
         "turns_mean": m.turns_mean,
         "error_rate": failed / finished if finished > 0 else 0.0,
+        **m.env,  # what the environments counted: tool calls and errors, sandbox time
     }
     scored = [t for t in trajs if t.status in SCORED]
     names = sorted({name for t in scored for name in t.reward_components})

@@ -1,0 +1,132 @@
+"""``python_tool``: math word problems solved with a sandboxed Python interpreter.
+
+The model may call ``python(code)`` as often as it likes; each episode has its own
+interpreter (``loomrl.sandbox``), started on its first call, keeping variables between
+calls like a notebook, and killed when the episode is over (``cleanup``). The final
+reply (no tool call) is scored on its ``Answer: N`` line: 1.0 when exact. Optional
+``format_weight`` and ``tool_weight`` add components for using the answer line and for
+running code at least once. Examples come from the built-in word problems
+(``loomrl.envs.word_problems``) or a data file of ``question`` / ``answer`` rows.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import random
+import weakref
+from dataclasses import dataclass, field
+from typing import Any
+
+from loomrl.envs.answers import FORMAT_HINT, answer_line, extract_answer, same_number
+from loomrl.envs.base import EnvState, Score, make_dataset
+from loomrl.envs.tools import ToolEnv, ToolResult
+from loomrl.envs.word_problems import KINDS, check_kinds, word_problem
+from loomrl.sandbox import Sandbox, SandboxConfig
+
+NO_OUTPUT = "(no output: print() what you want to see)"
+
+
+@dataclass
+class _Episode:
+    """One episode's interpreter: started on first use; its lock orders the calls."""
+
+    lock: asyncio.Lock = field(default_factory=asyncio.Lock)
+    session: Any = None
+
+
+class PythonToolEnv(ToolEnv):
+    """Word problems with a ``python`` tool running in a per-episode sandbox."""
+
+    name = "python_tool"
+    max_turns = 5
+    max_obs_tokens = 512
+    system_prompt = (
+        "Solve the problem. You can run Python code with the python tool: it keeps "
+        "variables between calls, and you see what the code prints. When you know the "
+        f"result, reply without a tool call. {FORMAT_HINT}"
+    )
+
+    def __init__(
+        self,
+        kinds: list[str] | None = None,
+        sandbox: dict[str, Any] | None = None,
+        format_weight: float = 0.0,
+        tool_weight: float = 0.0,
+        **tool_env: Any,
+    ) -> None:
+        self.kinds = check_kinds(kinds or list(KINDS))
+        self.sandbox_config = SandboxConfig(**(sandbox or {}))
+        if format_weight < 0 or tool_weight < 0:
+            raise ValueError("format_weight and tool_weight must be >= 0")
+        self.format_weight, self.tool_weight = format_weight, tool_weight
+        # The host-side deadline is the sandbox's own wall time; this one only backs it.
+        tool_env.setdefault("tool_timeout", self.sandbox_config.wall_s + 10.0)
+        super().__init__([self.python], **tool_env)
+        self.sandbox = Sandbox(self.sandbox_config)  # decides (and warns about) isolation now
+        self._episodes: dict[int, _Episode] = {}
+
+    def run_info(self) -> dict[str, Any]:
+        return {"sandbox": self.sandbox.mode}
+
+    def dataset(self, n: int, seed: int = 0) -> list[dict[str, Any]]:
+        def one(rng: random.Random) -> dict[str, Any]:
+            return word_problem(rng, self.kinds)
+
+        return make_dataset(n, seed, one)
+
+    async def python(self, code: str, state: EnvState) -> ToolResult:
+        """Run Python code in your own interpreter and see what it prints.
+
+        Variables, functions and imports persist between calls. There is no network and
+        no access to files outside a private temporary directory.
+
+        Args:
+            code: Python source code; print() the values you want to see.
+        """
+        episode = self._episode(state)
+        async with episode.lock:
+            if episode.session is None:
+                episode.session = await self.sandbox.session()
+            result = await episode.session.run(code)
+        text = result.text or NO_OUTPUT
+        kind = None
+        if result.timed_out:
+            kind = "timeout"
+        elif result.error is not None:
+            kind = "execution"
+        return ToolResult(text, kind, {"sandbox_s": result.duration_s})
+
+    def _episode(self, state: EnvState) -> _Episode:
+        key = id(state)
+        episode = self._episodes.get(key)
+        if episode is None:
+            episode = self._episodes[key] = _Episode()
+            # A state dropped without cleanup (a caller outside the rollout loop) still
+            # frees its interpreter when it is garbage-collected.
+            weakref.finalize(state, self._close, key)
+        return episode
+
+    def cleanup(self, state: EnvState) -> None:
+        self._close(id(state))
+
+    def _close(self, key: int) -> None:
+        episode = self._episodes.pop(key, None)
+        if episode is not None and episode.session is not None:
+            episode.session.close()
+
+    def score(self, state: EnvState) -> Score:
+        replies = state.assistant_messages()
+        final = replies[-1] if replies and not self.parse(replies[-1]) else None
+        correct = 0.0
+        if final is not None:
+            correct = float(same_number(extract_answer(final).value, state.example["answer"]))
+        if not (self.format_weight or self.tool_weight):
+            return correct
+        parts = {"correct": correct}
+        if self.format_weight:
+            formatted = final is not None and answer_line(final) is not None
+            parts["format"] = self.format_weight * formatted
+        if self.tool_weight:
+            ran = any(m.get("role") == "tool" for m in state.messages)
+            parts["tool_use"] = self.tool_weight * ran
+        return parts
