@@ -195,6 +195,9 @@ class Sandbox:
             except (Died, TimeoutError, RuntimeError) as exc:
                 self._discard(process)
                 raise RuntimeError(f"the sandbox ({self.mode}) did not start: {exc}") from None
+            except BaseException:  # cancelled while starting: nobody will own it
+                self._discard(process)
+                raise
         finally:
             self._starting -= 1
         self._counts["started"] += 1

@@ -85,7 +85,8 @@ async def test_sync_and_async_tools_answer_in_call_order():
         {"role": "tool", "name": "add", "content": "5"},
         {"role": "tool", "name": "lookup", "content": '{"key": "k", "found": true}'},
     ]
-    assert result.info == {"tool_calls": 2, "tool_errors": 0}
+    assert result.info["tool_calls"] == 2 and result.info["tool_errors"] == 0
+    assert result.info["metrics"] == {"tool_calls": 2, "tool_errors": 0}
     assert state.messages[-2:] == result.messages
 
 
@@ -133,7 +134,10 @@ async def test_a_raising_tool_is_a_tool_error_and_other_calls_still_run():
     _, result = await play(Tools(), text)
     assert result.messages[0]["content"] == "Error: RuntimeError: boom 7"
     assert result.messages[1]["content"] == "2"
-    assert result.info == {"tool_calls": 2, "tool_errors": 1}
+    assert result.info["tool_calls"] == 2 and result.info["tool_errors"] == 1
+    assert result.info["metrics"] == {
+        "tool_calls": 2, "tool_errors": 1, "tool_errors/exception": 1
+    }  # fmt: skip
 
 
 def test_construction_checks():

@@ -72,7 +72,7 @@ async def test_max_obs_tokens_cuts_each_env_message(make_engine, tokenizer, chec
     env = Verbose(budget=64)
     (traj,) = await rollout(make_engine(lambda ids, p: "run it"), env, [{"question": "Q0"}])
     assert traj.status == Status.TERMINATED and traj.turns == 2
-    env_message = traj.messages[3]
+    env_message = traj.messages[2]
     assert env_message["role"] == "user" and "tokens cut ...]" in env_message["content"]
     assert env_message["content"].startswith("w0 w1") and env_message["content"].endswith("w1999")
     assert traj.num_env_tokens < 150  # the 4000-token output did not enter the trajectory
@@ -80,9 +80,7 @@ async def test_max_obs_tokens_cuts_each_env_message(make_engine, tokenizer, chec
     check_contract(traj)
 
 
-async def test_env_message_past_max_len_is_cut_not_the_episode(
-    make_engine, chat, check_contract
-):
+async def test_env_message_past_max_len_is_cut_not_the_episode(make_engine, chat, check_contract):
     env = Verbose()  # no per-message cap: only max_len applies
     prompt = len(chat.prompt_ids([{"role": "user", "content": "Q0"}]))
     max_len = prompt + 400
@@ -90,7 +88,7 @@ async def test_env_message_past_max_len_is_cut_not_the_episode(
     (traj,) = await rollout(engine, env, [{"question": "Q0"}], max_len=max_len)
     assert traj.turns == 2 and traj.status == Status.TERMINATED  # the episode went on
     assert len(traj.prompt_ids) + len(traj.completion_ids) <= max_len
-    assert "tokens cut ...]" in traj.messages[3]["content"]
+    assert "tokens cut ...]" in traj.messages[2]["content"]
     check_contract(traj)
 
 
