@@ -68,7 +68,7 @@ class ToolEnv(Environment):
         return state
 
     async def step(self, state: EnvState, message: Message) -> EnvStep:
-        attempts = self.parser.parse(message["content"])
+        attempts = self.parser.parse(message["content"], tools=list(self.schemas.values()))
         if not attempts:
             return EnvStep(messages=[], done=True, info={"tool_calls": 0})
         answers = await asyncio.gather(*(self.answer(a) for a in attempts))
