@@ -78,7 +78,7 @@ def best_time(parse, text: str) -> float:
 
 @pytest.mark.parametrize("case", ADVERSARIAL)
 @pytest.mark.parametrize("name", parsers.available())
-def test_adversarial_replies_parse_within_the_bound(name, case):
+def test_every_format_reads_adversarial_replies_within_the_bound(name, case):
     elapsed = best_time(parsers.get(name).parse, ADVERSARIAL[case])
     assert elapsed < BOUND_S, f"{name} on {case!r}: {elapsed * 1000:.1f} ms"
 
@@ -93,7 +93,7 @@ PIECES = [
 
 @settings(max_examples=30, deadline=None)
 @given(st.lists(st.sampled_from(PIECES), min_size=1, max_size=8))
-def test_random_repeated_pieces_parse_within_the_bound(pieces):
+def test_every_format_reads_repeated_random_markers_within_the_bound(pieces):
     unit = "".join(pieces)
     text = unit * (SIZE // len(unit) + 1)
     for name in parsers.available():
