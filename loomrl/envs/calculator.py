@@ -51,7 +51,7 @@ class CalculatorEnv(ToolEnv):
 
     def score(self, state: EnvState) -> float:
         replies = state.assistant_messages()
-        if not replies or self.parser.parse(replies[-1]):
+        if not replies or self.parse(replies[-1]):
             return 0.0  # no final answer: the episode ended on a tool call (truncated)
         answer = extract_answer(replies[-1])
         return float(same_number(answer.value, state.example["answer"]))

@@ -136,8 +136,9 @@ class ToolEnv(Environment):
         return EnvStep(messages=messages, done=False, info=info)
 
     def parse(self, text: str) -> list[ParsedCall]:
-        """The call attempts in one reply, read by this environment's parser."""
-        return self.parser.parse(text)
+        """The call attempts in one reply, read by this environment's parser (given the
+        schemas: some formats write every argument as text, typed by the schema)."""
+        return self.parser.parse(text, tools=self.schemas)
 
     async def answer(self, attempt: ParsedCall, state: EnvState | None = None) -> ToolResult:
         """One call attempt's answer: the tool's result, or ``Error: ...`` with its kind."""

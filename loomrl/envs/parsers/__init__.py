@@ -1,0 +1,67 @@
+"""Tool-call formats: how tools are described to the model and how its calls are read.
+
+A parser is a small protocol registered by name: ``hermes`` (Hermes, Qwen2.5/3),
+``qwen3_coder`` (Qwen3-Coder, Qwen3.5 XML), ``llama3_json`` (Llama 3.1-3.3), ``mistral``
+and ``harmony`` (gpt-oss). ``parse`` never raises on model text: a malformed call becomes
+a ``ToolCallError`` item (with a ``kind`` for metrics), in order with the good calls, so
+the environment can answer it with an error message.
+"""
+
+from __future__ import annotations
+
+from loomrl.envs.parsers.base import (
+    MAX_CALLS,
+    ParsedCall,
+    ToolCall,
+    ToolCallError,
+    ToolCallParser,
+    Tools,
+)
+from loomrl.envs.parsers.harmony import HarmonyParser
+from loomrl.envs.parsers.hermes import HermesParser
+from loomrl.envs.parsers.llama3 import Llama3JsonParser
+from loomrl.envs.parsers.mistral import MistralParser
+from loomrl.envs.parsers.qwen3_coder import Qwen3CoderParser
+
+_PARSERS: dict[str, ToolCallParser] = {}
+
+
+def register(name: str, parser: ToolCallParser) -> None:
+    """Make ``get(name)`` return ``parser``."""
+    _PARSERS[name] = parser
+
+
+def get(name: str) -> ToolCallParser:
+    """The parser registered as ``name``; ValueError naming the known ones otherwise."""
+    if name not in _PARSERS:
+        raise ValueError(f"unknown tool-call parser {name!r}; known: {', '.join(sorted(_PARSERS))}")
+    return _PARSERS[name]
+
+
+def available() -> list[str]:
+    """Registered parser names, sorted."""
+    return sorted(_PARSERS)
+
+
+register("hermes", HermesParser())
+register("qwen3_coder", Qwen3CoderParser())
+register("llama3_json", Llama3JsonParser())
+register("mistral", MistralParser())
+register("harmony", HarmonyParser())
+
+__all__ = [
+    "MAX_CALLS",
+    "HarmonyParser",
+    "HermesParser",
+    "Llama3JsonParser",
+    "MistralParser",
+    "ParsedCall",
+    "Qwen3CoderParser",
+    "ToolCall",
+    "ToolCallError",
+    "ToolCallParser",
+    "Tools",
+    "available",
+    "get",
+    "register",
+]
