@@ -32,8 +32,8 @@ from loomrl.envs.adapters import textarena as ta_adapter
 from loomrl.envs.arith import ArithEnv
 from loomrl.envs.base import Environment
 from loomrl.envs.calculator import CalculatorEnv
-from loomrl.envs.python_tool import PythonToolEnv
 from loomrl.envs.guess_number import GuessNumberEnv
+from loomrl.envs.python_tool import PythonToolEnv
 from loomrl.envs.qa import QAEnv
 from loomrl.redact import redact_text, redact_value
 

@@ -3,6 +3,7 @@ interpreters run, then SIGKILLs itself mid-rollout: no interpreter may outlive i
 (tests/envs/test_python_tool_env.py)."""
 
 import asyncio
+import json
 import os
 import signal
 import sys
@@ -15,8 +16,8 @@ from loomrl.engines.scripted import ScriptedEngine
 from loomrl.envs.python_tool import PythonToolEnv
 from loomrl.models import DEFAULT_MODEL, resolve
 
-CODE = "import time\\nprint('sleeping', flush=True)\\ntime.sleep(300)"
-CALL = '<tool_call>{"name": "python", "arguments": {"code": "%s"}}</tool_call>' % CODE
+CODE = "import time\nprint('sleeping', flush=True)\ntime.sleep(300)"
+CALL = "<tool_call>" + json.dumps({"name": "python", "arguments": {"code": CODE}}) + "</tool_call>"
 
 
 async def main(mode: str) -> None:

@@ -65,6 +65,7 @@ def test_fit_messages_gives_up_below_the_minimum(chat):
     assert fitted is not None
     replies, glue, cut = fitted
     assert len(glue) + 50 <= 300 and cut > 3000
+    assert "tokens cut ...]" in replies[0]["content"]
     assert fit_messages(chat, messages, glue_of, room=20, reserve=10) is None
 
 
