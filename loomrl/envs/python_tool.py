@@ -5,7 +5,9 @@ interpreter (``loomrl.sandbox``), started on its first call, keeping variables b
 calls like a notebook, and killed when the episode is over (``cleanup``). The final
 reply (no tool call) is scored on its ``Answer: N`` line: 1.0 when exact. Optional
 ``format_weight`` and ``tool_weight`` add components for using the answer line and for
-running code at least once. Examples come from the built-in word problems
+running code at least once. ``few_shot`` opens each episode with one solved example
+(a call, its output, the answer): small models copy the call format from it, not from
+the system prompt. Examples come from the built-in word problems
 (``loomrl.envs.word_problems``) or a data file of ``question`` / ``answer`` rows.
 """
 
@@ -18,12 +20,23 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from loomrl.envs.answers import FORMAT_HINT, answer_line, extract_answer, same_number
-from loomrl.envs.base import EnvState, Score, make_dataset
+from loomrl.envs.base import EnvState, EnvStep, Score, make_dataset
 from loomrl.envs.tools import ToolEnv, ToolResult
 from loomrl.envs.word_problems import KINDS, check_kinds, word_problem
 from loomrl.sandbox import Sandbox, SandboxConfig
 
 NO_OUTPUT = "(no output: print() what you want to see)"
+DEMO_CODE = "print(sum(int(d) for d in str(2**15)))"
+DEMO: list[dict[str, Any]] = [
+    {"role": "user", "content": "What is the sum of the digits of 2 to the power 15?"},
+    {
+        "role": "assistant",
+        "content": '<tool_call>\n{"name": "python", "arguments": {"code": "%s"}}\n</tool_call>'
+        % DEMO_CODE,
+    },
+    {"role": "tool", "name": "python", "content": "26"},
+    {"role": "assistant", "content": "2**15 = 32768, whose digits add up to 26.\nAnswer: 26"},
+]
 
 
 @dataclass
@@ -52,6 +65,7 @@ class PythonToolEnv(ToolEnv):
         sandbox: dict[str, Any] | None = None,
         format_weight: float = 0.0,
         tool_weight: float = 0.0,
+        few_shot: bool = False,
         **tool_env: Any,
     ) -> None:
         self.kinds = check_kinds(kinds or list(KINDS))
@@ -62,8 +76,24 @@ class PythonToolEnv(ToolEnv):
         # The host-side deadline is the sandbox's own wall time; this one only backs it.
         tool_env.setdefault("tool_timeout", self.sandbox_config.wall_s + 10.0)
         super().__init__([self.python], **tool_env)
+        if few_shot and tool_env.get("parser", "hermes") != "hermes":
+            raise ValueError("few_shot shows a Hermes tool call: use it with parser='hermes'")
+        self.few_shot = few_shot
         self.sandbox = Sandbox(self.sandbox_config)  # decides (and warns about) isolation now
         self._episodes: dict[int, _Episode] = {}
+
+    async def step(self, state: EnvState, message: dict[str, Any]) -> EnvStep:
+        result = await super().step(state, message)
+        result.info["metrics"].setdefault("sandbox_s", 0.0)  # reported even without calls
+        return result
+
+    def reset(self, example: dict[str, Any]) -> EnvState:
+        state = super().reset(example)
+        if self.few_shot:  # the solved example goes just before the question
+            at = len(state.messages) - 1
+            state.messages[at:at] = [dict(m) for m in DEMO]
+        state.data["opening"] = len(state.messages)  # what the episode itself said follows
+        return state
 
     def run_info(self) -> dict[str, Any]:
         return {"sandbox": self.sandbox.mode}
@@ -127,6 +157,7 @@ class PythonToolEnv(ToolEnv):
             formatted = final is not None and answer_line(final) is not None
             parts["format"] = self.format_weight * formatted
         if self.tool_weight:
-            ran = any(m.get("role") == "tool" for m in state.messages)
+            played = state.messages[state.data.get("opening", 0) :]
+            ran = any(m.get("role") == "tool" for m in played)
             parts["tool_use"] = self.tool_weight * ran
         return parts

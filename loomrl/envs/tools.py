@@ -115,8 +115,9 @@ class ToolEnv(Environment):
 
     async def step(self, state: EnvState, message: Message) -> EnvStep:
         attempts = self.parse(message["content"])
-        if not attempts:
-            return EnvStep(messages=[], done=True, info={"tool_calls": 0})
+        if not attempts:  # the final answer; its zeros keep the per-episode means honest
+            counts = {"tool_calls": 0, "tool_errors": 0}
+            return EnvStep(messages=[], done=True, info={**counts, "metrics": counts})
         results = await asyncio.gather(*(self.answer(a, state) for a in attempts))
         pairs = zip(attempts, results, strict=True)
         messages = [_tool_message(a.name, _as_text(r.content)) for a, r in pairs]

@@ -181,3 +181,17 @@ def test_loaded_by_name_with_env_args():
     env = load("python_tool", kinds=["primes"], sandbox={"pool_size": 0}, max_turns=3)
     assert isinstance(env, PythonToolEnv) and env.max_turns == 3
     assert all(e["kind"] == "primes" for e in env.dataset(4))
+
+
+async def test_few_shot_shows_a_solved_call_that_does_not_count_as_the_episodes(make_engine):
+    env = make_env("rlimit-only", few_shot=True, tool_weight=0.5)
+    state = env.reset({"id": 0, "question": "q", "answer": 3})
+    roles = [m["role"] for m in state.messages]
+    assert roles == ["system", "user", "assistant", "tool", "assistant", "user"]
+    assert env.parse(state.messages[2]["content"])[0].name == "python"
+    (traj,) = await rollout(
+        make_engine(lambda ids, p: "Answer: 3"), env, [{"question": "q", "answer": 3}]
+    )
+    assert traj.reward_components == {"correct": 1.0, "tool_use": 0.0}
+    with pytest.raises(ValueError, match="few_shot shows a Hermes tool call"):
+        PythonToolEnv(few_shot=True, parser="mistral", sandbox={"pool_size": 0})
