@@ -280,6 +280,9 @@ def _rollout_metrics(
         "completion_tokens_mean": m.generated_tokens_mean,
         "turns_mean": m.turns_mean,
         "error_rate": failed / finished if finished > 0 else 0.0,
+        "generate_s": m.generate_s,
+        "env_s": m.env_s,
+        "score_s": m.score_s,
     }
     scored = [t for t in trajs if t.status in SCORED]
     names = sorted({name for t in scored for name in t.reward_components})
