@@ -81,11 +81,12 @@ def pick(run: Run, budget: int) -> list[int]:
 def token_pieces(decode: Decode, ids: Sequence[int]) -> list[str]:
     """One text piece per token whose concatenation is ``decode(ids)`` (for byte-level
     tokenizers): a token that ends inside a multi-byte character gets ``""`` and the
-    character goes to the token that completes it."""
+    character goes to the token that completes it. Text is cut only where a chunk
+    decodes cleanly, so the pieces always add up to the whole."""
     pieces, start = [], 0
     for i in range(len(ids)):
         text = decode(ids[start : i + 1])
-        if text.endswith("\ufffd") and i + 1 < len(ids) and i + 1 - start < 4:
+        if text.endswith("\ufffd") and i + 1 < len(ids):
             pieces.append("")
             continue
         pieces.append(text)

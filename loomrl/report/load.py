@@ -74,7 +74,8 @@ def load_run(path: Path) -> Run:
     if (path / "trajectories.parquet").exists() or (path / "metrics.json").exists():
         rows = []
         if (path / "metrics.json").exists():
-            rows = [{**_read_json(path / "metrics.json"), "step": 0}]
+            summary = _read_json(path / "metrics.json")
+            rows = [{"rollout_s": summary.get("wall_s"), **summary, "step": 0}]
         files = [path / "trajectories.parquet"] if (path / "trajectories.parquet").exists() else []
         return Run(path, "rollout", config, rows, _summary(files, [0] * len(files)), files)
     raise ReportError(
