@@ -80,7 +80,7 @@ def line(
     """A line trace styled by run (colour, when several) and series (dash)."""
     trace: dict[str, Any] = {
         "type": "scatter", "mode": "lines+markers", "name": label(runs, r, name),
-        "x": list(x), "y": [clean(v) for v in y], "marker": {"size": 4},
+        "x": list(x), "y": [clean(v) for v in y], "marker": {"size": 6},
     }  # fmt: skip
     if len(runs) > 1:
         trace["line"] = {"color": PALETTE[r % len(PALETTE)], "dash": DASHES[series % len(DASHES)]}
