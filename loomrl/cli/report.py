@@ -36,7 +36,7 @@ def cmd_report(args: argparse.Namespace) -> int:
     config = ReportConfig(**({} if args.max_texts is None else {"max_texts": args.max_texts}))
     with console.status("writing the report"):
         out = write_report(args.runs, args.out, config)
-    console.print(f"report: {out}", markup=False, highlight=False)
+    console.print(f"report: {out}", markup=False, highlight=False, soft_wrap=True)
     return 0
 
 
@@ -50,4 +50,4 @@ def report_at_end(run_dir: Path) -> None:
     if out is None:
         print_note(str(why))
     else:
-        console.print(f"report: {out}", markup=False, highlight=False)
+        console.print(f"report: {out}", markup=False, highlight=False, soft_wrap=True)
