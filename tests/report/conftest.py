@@ -1,4 +1,4 @@
-"""Run directories for the report tests, made once per module with scripted engines over
+"""Run directories for the report tests, made once per session with scripted engines over
 the real tokenizer (no vLLM), and a headless Chromium page driven by playwright.
 
 The browser fixture skips only where Debian's chromium is not installed, and never on
@@ -77,12 +77,12 @@ def train_run(out: Path, tokenizer, seed: int = 0) -> Path:
     return out
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")
 def rollout_dir(tmp_path_factory, tokenizer) -> Path:
     return rollout_run(tmp_path_factory.mktemp("rollout") / "run", tokenizer)
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")
 def train_dirs(tmp_path_factory, tokenizer) -> list[Path]:
     base = tmp_path_factory.mktemp("train")
     return [train_run(base / f"seed{s}", tokenizer, seed=s) for s in (0, 1)]
