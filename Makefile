@@ -5,7 +5,7 @@ setup:
 	@bash scripts/setup.sh
 
 run: setup
-	.venv/bin/loomrl rollout --env guess_number --model smollm2-135m-instruct --out runs/quickstart --overwrite
+	.venv/bin/loomrl rollout --env arith --model smollm2-135m-instruct --examples 16 --n 4 --max-tokens 48 --out runs/quickstart --overwrite
 
 test: setup
 	.venv/bin/python -m pytest -q --durations=15

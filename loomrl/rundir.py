@@ -23,7 +23,8 @@ RUN_MARKERS = (
     "metrics.jsonl", "checkpoints",
 )  # fmt: skip
 RUN_FILES = (
-    *RUN_MARKERS, f"{BUFFER}-wal", f"{BUFFER}-shm", "report.md", "experience.parquet",
+    *RUN_MARKERS, f"{BUFFER}-wal", f"{BUFFER}-shm", "report.md", "report.html",
+    "experience.parquet",
     "experience_stats.json", "tensorboard", "wandb", RECORD,
 )  # fmt: skip
 

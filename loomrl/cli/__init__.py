@@ -14,22 +14,23 @@ import threading
 import traceback
 from typing import Any
 
-from loomrl.cli import doctor, envs, experience, generate, models, rollout, train
+from loomrl.cli import doctor, envs, experience, generate, models, report, rollout, train
 from loomrl.cli.doctor import cmd_doctor
 from loomrl.cli.envs import cmd_envs
 from loomrl.cli.experience import cmd_experience
 from loomrl.cli.generate import cmd_generate
 from loomrl.cli.models import cmd_models
 from loomrl.cli.output import USER_ERRORS, debugging, one_line, print_error
+from loomrl.cli.report import cmd_report
 from loomrl.cli.rollout import cmd_rollout
 from loomrl.cli.train import cmd_train
 
 __all__ = [
     "build_parser", "cmd_doctor", "cmd_envs", "cmd_experience", "cmd_generate", "cmd_models",
-    "cmd_rollout", "cmd_train", "main",
+    "cmd_report", "cmd_rollout", "cmd_train", "main",
 ]  # fmt: skip
 
-COMMANDS = (doctor, models, generate, envs, rollout, experience, train)
+COMMANDS = (doctor, models, generate, envs, rollout, experience, train, report)
 
 
 def build_parser() -> argparse.ArgumentParser:

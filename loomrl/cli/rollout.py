@@ -19,6 +19,7 @@ from loomrl.cli.checks import (
     load_config,
 )
 from loomrl.cli.output import console, print_note
+from loomrl.cli.report import report_at_end
 from loomrl.config import RolloutConfig
 from loomrl.data import Drawn
 from loomrl.models import DEFAULT_MODEL
@@ -133,4 +134,5 @@ def cmd_rollout(args: argparse.Namespace) -> int:
         f"wrote {out}/trajectories.parquet, metrics.json, config.toml, report.md",
         markup=False, highlight=False,
     )  # fmt: skip
+    report_at_end(out)
     return 0

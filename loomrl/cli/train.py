@@ -24,6 +24,7 @@ from loomrl.cli.checks import (
     load_config,
 )
 from loomrl.cli.output import UsageError, console, print_note
+from loomrl.cli.report import report_at_end
 from loomrl.models import DEFAULT_MODEL
 
 if TYPE_CHECKING:  # loomrl.train imports torch: only the train command pays for it
@@ -155,6 +156,7 @@ def cmd_train(args: argparse.Namespace) -> int:
         f"wrote {out}/metrics.jsonl, trajectories/, checkpoints/, report.md",
         markup=False, highlight=False,
     )  # fmt: skip
+    report_at_end(out)
     return 0
 
 

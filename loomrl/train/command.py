@@ -15,6 +15,7 @@ from rich.table import Table
 
 from loomrl.config import load_run_config, read_toml
 from loomrl.data import Drawn
+from loomrl.report import refresh_report
 from loomrl.rundir import RunDirError, check_run
 from loomrl.train.config import TrainConfig
 from loomrl.train.loop import train
@@ -77,6 +78,9 @@ async def run_train(
         def show(row: dict[str, Any]) -> None:
             rows.append(row)
             live.update(table(rows, title))
+            every = config.report_every
+            if every and row["step"] % every == 0 and row["step"] < config.steps:
+                refresh_report(out)  # the page follows the run; the final one comes last
 
         all_rows = await train(
             config, out, resume=resume is not None, overwrite=overwrite, on_step=show,

@@ -121,6 +121,9 @@ class TrainConfig(BaseModel):
     )
     micro_batch_tokens: int = Field(2048, ge=1, description="tokens per forward/backward")
     checkpoint_every: int = Field(10, ge=1, description="steps between checkpoints")
+    report_every: int = Field(
+        10, ge=0, description="steps between refreshes of report.html (0: only at the end)"
+    )
     log_to: list[Literal["tensorboard", "wandb"]] = Field(
         default_factory=list, description="metric sinks besides metrics.jsonl (extras)"
     )

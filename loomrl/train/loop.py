@@ -291,6 +291,9 @@ def _rollout_metrics(
         "completion_tokens_mean": m.generated_tokens_mean,
         "turns_mean": m.turns_mean,
         "error_rate": failed / finished if finished > 0 else 0.0,
+        "generate_s": m.generate_s,
+        "env_s": m.env_s,
+        "score_s": m.score_s,
         **m.env,  # what the environments counted: tool calls and errors, sandbox time
     }
     scored = [t for t in trajs if t.status in SCORED]

@@ -1,0 +1,168 @@
+"""A run directory read for the report: its config, metric rows and trajectory summary.
+
+``loomrl rollout`` leaves ``config.toml`` (flat), ``metrics.json`` (one summary) and
+``trajectories.parquet``; ``loomrl train`` leaves ``config.toml`` (a ``[train]`` table),
+``metrics.jsonl`` (one row a step) and ``trajectories/step-NNNNNN.parquet``. Both become a
+``Run``: rows keyed by step (a rollout is step 0) and one table of trajectory scalars
+with a ``step`` column. Token columns stay on disk until the browser asks for them
+(``read_details``), so a 10k-trajectory run loads in well under a second.
+"""
+
+from __future__ import annotations
+
+import json
+import tomllib
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+SUMMARY_COLUMNS = (
+    "example_id", "group_id", "sample_index", "env", "reward", "reward_components", "turns",
+    "status", "policy_version", "num_completion_tokens", "num_env_tokens",
+)  # fmt: skip
+DETAIL_COLUMNS = (
+    "prompt_ids", "completion_ids", "logprobs", "loss_mask", "messages", "span_starts",
+    "span_versions", "finish_reasons", "error",
+)  # fmt: skip
+
+
+class ReportError(ValueError):
+    """A path that is not a run directory the report can read (names the file at fault)."""
+
+
+@dataclass
+class Run:
+    """One run directory as the report sees it."""
+
+    path: Path
+    kind: str  # "rollout" or "train"
+    config: dict[str, Any]
+    rows: list[dict[str, Any]]
+    # One row per trajectory: SUMMARY_COLUMNS plus ``step`` and ``file``/``row`` (where
+    # its tokens are), in step order.
+    trajectories: pa.Table
+    files: list[Path] = field(default_factory=list)
+
+    @property
+    def name(self) -> str:
+        return self.path.name or str(self.path)
+
+    @property
+    def model(self) -> str | None:
+        return self.config.get("model")
+
+
+def load_run(path: Path) -> Run:
+    """Read ``path``; a missing or unreadable file raises ``ReportError`` naming it."""
+    if not path.is_dir():
+        raise ReportError(f"{path}: no such run directory")
+    config_path = path / "config.toml"
+    config: dict[str, Any] = {}
+    if config_path.is_file():
+        try:
+            config = tomllib.loads(config_path.read_text(encoding="utf-8"))
+        except (tomllib.TOMLDecodeError, UnicodeDecodeError) as exc:
+            raise ReportError(f"{config_path}: not a TOML file ({exc})") from None
+    if (path / "metrics.jsonl").exists() or (path / "trajectories").is_dir():
+        rows = read_rows(path / "metrics.jsonl") if (path / "metrics.jsonl").exists() else []
+        files = sorted((path / "trajectories").glob("step-*.parquet"))
+        steps = [_step_of(f) for f in files]
+        return Run(path, "train", config.get("train", config), rows, _summary(files, steps), files)
+    if (path / "trajectories.parquet").exists() or (path / "metrics.json").exists():
+        rows = []
+        if (path / "metrics.json").exists():
+            summary = _read_json(path / "metrics.json")
+            rows = [{"rollout_s": summary.get("wall_s"), **summary, "step": 0}]
+        files = [path / "trajectories.parquet"] if (path / "trajectories.parquet").exists() else []
+        return Run(path, "rollout", config, rows, _summary(files, [0] * len(files)), files)
+    raise ReportError(
+        f"{path}: not a run directory (no metrics.jsonl, metrics.json, trajectories.parquet "
+        "or trajectories/)"
+    )
+
+
+def read_rows(path: Path) -> list[dict[str, Any]]:
+    """Metric rows of ``metrics.jsonl``; a torn last line (a run writing or killed while
+    writing it) is left out, any other line that is not a JSON object raises."""
+    try:
+        lines = [ln for ln in path.read_text(encoding="utf-8").splitlines() if ln.strip()]
+    except UnicodeDecodeError:
+        raise ReportError(f"{path}: not a metrics file (not UTF-8 text)") from None
+    rows = []
+    for i, line in enumerate(lines):
+        try:
+            row = json.loads(line)
+        except json.JSONDecodeError:
+            if i == len(lines) - 1:
+                continue
+            raise ReportError(f"{path}: line {i + 1} is not JSON: {line[:80]!r}") from None
+        if not isinstance(row, dict) or type(row.get("step")) is not int:
+            raise ReportError(f"{path}: line {i + 1} is not a metrics row with an integer 'step'")
+        rows.append(row)
+    return rows
+
+
+def read_details(run: Run, indices: list[int]) -> list[dict[str, Any]]:
+    """The token and message columns of the trajectories at ``indices`` (rows of
+    ``run.trajectories``), read file by file, in the order asked."""
+    file_of = run.trajectories.column("file").to_pylist()
+    row_of = run.trajectories.column("row").to_pylist()
+    by_file: dict[int, list[int]] = {}
+    for i in indices:
+        by_file.setdefault(file_of[i], []).append(i)
+    found: dict[int, dict[str, Any]] = {}
+    for f, wanted in by_file.items():
+        path = run.files[f]
+        table = _read(path, [c for c in DETAIL_COLUMNS if c in pq.read_schema(path).names])
+        picked = table.take(pa.array([row_of[i] for i in wanted])).to_pylist()
+        for i, row in zip(wanted, picked, strict=True):
+            found[i] = row
+    return [found[i] for i in indices]
+
+
+def _summary(files: list[Path], steps: list[int]) -> pa.Table:
+    tables = []
+    for f, (path, step) in enumerate(zip(files, steps, strict=True)):
+        table = _read(path, list(SUMMARY_COLUMNS))
+        count = table.num_rows
+        table = table.append_column("step", pa.array([step] * count, pa.int64()))
+        table = table.append_column("file", pa.array([f] * count, pa.int32()))
+        tables.append(table.append_column("row", pa.array(range(count), pa.int64())))
+    if not tables:
+        names = [*SUMMARY_COLUMNS, "step", "file", "row"]
+        return pa.table({n: pa.array([], pa.string() if n == "env" else pa.int64()) for n in names})
+    return pa.concat_tables(tables, promote_options="default")
+
+
+def _read(path: Path, columns: list[str]) -> pa.Table:
+    try:
+        schema = pq.read_schema(path)
+    except (OSError, pa.ArrowException) as exc:
+        raise ReportError(f"{path}: not a readable Parquet file ({exc})") from None
+    missing = [c for c in columns if c not in schema.names and c != "error"]
+    if missing:
+        raise ReportError(f"{path}: not a trajectories file (no column {', '.join(missing)})")
+    try:
+        return pq.read_table(path, columns=columns)
+    except (OSError, pa.ArrowException) as exc:
+        raise ReportError(f"{path}: not a readable Parquet file ({exc})") from None
+
+
+def _read_json(path: Path) -> dict[str, Any]:
+    try:
+        value = json.loads(path.read_text(encoding="utf-8"))
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raise ReportError(f"{path}: not JSON ({exc})") from None
+    if not isinstance(value, dict):
+        raise ReportError(f"{path}: a JSON {type(value).__name__}, not an object of metrics")
+    return value
+
+
+def _step_of(path: Path) -> int:
+    try:
+        return int(path.stem.removeprefix("step-"))
+    except ValueError:
+        raise ReportError(f"{path}: a step file's name must be step-NUMBER.parquet") from None

@@ -1,0 +1,55 @@
+"""The page is self-contained (no network resource), its data blocks are valid JSON that
+no trajectory text can break out of, and every plot it promises has data."""
+
+from __future__ import annotations
+
+import json
+import re
+
+from html_blocks import blocks
+
+from loomrl.report import ReportConfig, build_report, load_run
+from loomrl.report.page import script_json
+
+
+def test_the_page_loads_nothing_from_the_network(rollout_dir):
+    page = (rollout_dir / "report.html").read_text()
+    assert not re.search(r"<(script|link|img|iframe)[^>]+(src|href)\s*=\s*['\"]?(https?:)?//", page)
+    assert page.count("<script>") == 2  # plotly.js and the report's own, each inlined once
+
+
+def test_script_json_cannot_close_the_script_element():
+    text = script_json({"t": "</script><script>alert(1)</script><!--"})
+    assert "</" not in text and "<!--" not in text
+    assert json.loads(text) == {"t": "</script><script>alert(1)</script><!--"}
+
+
+def test_every_plot_element_has_a_figure_with_data(train_dirs):
+    page = build_report([load_run(p) for p in train_dirs])
+    figures = json.loads(blocks(page)["figures"])
+    ids = re.findall(r'<div class="plot" id="fig-([^"]+)">', page)
+    assert ids == [f["id"] for f in figures]
+    assert {"reward", "length", "turns", "outcomes", "learner-entropy", "learner-kl",
+            "learner-grad_norm", "learner-clip_frac", "learner-sampler_learner_abs_gap",
+            "learner-is_weight", "time-0", "time-1", "busy", "tokens-per-s", "staleness",
+            "producer-events", "tokens-unused", "length-bias"} <= set(ids)  # fmt: skip
+    for figure in figures:
+        assert figure["data"], figure["id"]
+
+
+def test_several_runs_are_overlaid_one_colour_each(train_dirs):
+    page = build_report([load_run(p) for p in train_dirs])
+    reward = next(f for f in json.loads(blocks(page)["figures"]) if f["id"] == "reward")
+    means = [t for t in reward["data"] if t.get("showlegend") is not False]
+    assert [t["name"] for t in means] == ["seed0 · mean", "seed1 · mean"]
+    assert means[0]["line"]["color"] != means[1]["line"]["color"]
+    summary = json.loads(blocks(page)["trajectories"])
+    assert summary["runs"] == ["seed0", "seed1"]
+    assert summary["cols"]["run"] == [0] * 12 + [1] * 12
+
+
+def test_a_rollout_has_no_learner_plots_and_says_so(rollout_dir):
+    page = build_report([load_run(rollout_dir)], ReportConfig(max_texts=0))
+    assert 'id="fig-learner-' not in page
+    assert "Entropy (nats/token): no learner steps" in page
+    assert json.loads(blocks(page)["texts"]) == []
