@@ -26,6 +26,7 @@ from loomrl.envs.word_problems import KINDS, check_kinds, word_problem
 from loomrl.sandbox import Sandbox, SandboxConfig
 
 NO_OUTPUT = "(no output: print() what you want to see)"
+RESUMED = "[a new Python interpreter was started: earlier variables are gone]"
 DEMO_CODE = "print(sum(int(d) for d in str(2**15)))"
 DEMO: list[dict[str, Any]] = [
     {"role": "user", "content": "What is the sum of the digits of 2 to the power 15?"},
@@ -51,6 +52,7 @@ class PythonToolEnv(ToolEnv):
     """Word problems with a ``python`` tool running in a per-episode sandbox."""
 
     name = "python_tool"
+    nonblocking = True  # reset and score are microseconds; the tool itself is async
     max_turns = 5
     max_obs_tokens = 512
     system_prompt = (
@@ -115,10 +117,16 @@ class PythonToolEnv(ToolEnv):
         """
         episode = self._episode(state)
         async with episode.lock:
+            lost = False
             if episode.session is None:
                 episode.session = await self.sandbox.session()
+                # Calls made before (a resumed episode): their variables are gone.
+                lost = state.data.get("python_calls", 0) > 0
             result = await episode.session.run(code)
+            state.data["python_calls"] = state.data.get("python_calls", 0) + 1
         text = result.text or NO_OUTPUT
+        if lost:
+            text = f"{RESUMED}\n{text}"
         kind = None
         if result.timed_out:
             kind = "timeout"

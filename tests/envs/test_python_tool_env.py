@@ -195,3 +195,17 @@ async def test_few_shot_shows_a_solved_call_that_does_not_count_as_the_episodes(
     assert traj.reward_components == {"correct": 1.0, "tool_use": 0.0}
     with pytest.raises(ValueError, match="few_shot shows a Hermes tool call"):
         PythonToolEnv(few_shot=True, parser="mistral", sandbox={"pool_size": 0})
+
+
+async def test_a_resumed_episode_is_told_its_variables_are_gone():
+    env = make_env("rlimit-only")
+    state = env.reset({"id": 0, "question": "q", "answer": 1})
+    first = await env.python("x = 1; print(x)", state)
+    assert first.content == "1" and state.data["python_calls"] == 1
+    resumed = env.load_state_dict(env.state_dict(state))  # as a checkpoint brings it back
+    env.cleanup(state)
+    again = await env.python("print(x)", resumed)
+    assert again.content.startswith("[a new Python interpreter was started")
+    assert "NameError" in again.content and again.error == "execution"
+    env.cleanup(resumed)
+    assert env.sandbox.stats["sessions"] == 0
