@@ -44,6 +44,8 @@ TRAJECTORY_SCHEMA = pa.schema(
         ("span_ends", pa.list_(pa.int32())),
         ("span_versions", pa.list_(pa.int64())),
         ("finish_reasons", pa.list_(pa.string())),
+        ("turn_rewards", pa.list_(pa.float64())),
+        ("env_metrics", pa.string()),
     ]
 )
 
@@ -72,6 +74,8 @@ def trajectory_table(trajs: Sequence[Trajectory]) -> pa.Table:
         "span_ends": [[end for _, end in t.spans] for t in trajs],
         "span_versions": [t.span_versions for t in trajs],
         "finish_reasons": [t.finish_reasons for t in trajs],
+        "turn_rewards": [t.turn_rewards for t in trajs],
+        "env_metrics": [json.dumps(t.env_metrics) for t in trajs],
     }
     return pa.Table.from_pydict(columns, schema=TRAJECTORY_SCHEMA)
 
@@ -83,7 +87,13 @@ def write_trajectories(path: Path, trajs: Sequence[Trajectory]) -> None:
     tmp.replace(path)
 
 
-JSON_COLUMNS = {"reward_components": dict, "messages": list}  # and what each holds
+JSON_COLUMNS = {
+    "reward_components": dict,
+    "messages": list,
+    "env_metrics": dict,
+}  # and what each holds
+# Columns added after files were first written, and what an older file's rows get.
+LATER_COLUMNS: dict[str, Any] = {"turn_rewards": list, "env_metrics": lambda: "{}"}
 # Columns every row has a value in (``error`` is null but for failed rows; ``reward`` is
 # checked by status; the list columns by ``_row_problem``).
 _REQUIRED_SCALARS = (
@@ -96,6 +106,9 @@ def read_trajectories(path: Path | str) -> list[dict[str, Any]]:
     not hold its JSON (an object, a list) raises ``ValueError`` naming the row."""
     rows = pq.read_table(path).to_pylist()
     for i, row in enumerate(rows):
+        for name, default in LATER_COLUMNS.items():
+            if name not in row:
+                row[name] = default()
         for name, kind in JSON_COLUMNS.items():
             try:
                 row[name] = json.loads(row[name])
@@ -135,6 +148,7 @@ def load_trajectories(path: Path | str) -> list[Trajectory]:
                 turns=row["turns"],
                 status=Status(row["status"]), reward=row["reward"],
                 reward_components=row["reward_components"], error=row["error"],
+                turn_rewards=row["turn_rewards"] or [], env_metrics=row["env_metrics"],
             )
         )  # fmt: skip
     return trajs

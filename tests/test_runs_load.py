@@ -68,6 +68,19 @@ def test_write_run_then_load_gives_the_same_trajectories(tmp_path):
         assert got.reward_components == want.reward_components
 
 
+def test_turn_rewards_and_env_metrics_round_trip_and_older_files_read(tmp_path):
+    traj = make_traj(0, [1, 0, 1])
+    traj.turn_rewards, traj.env_metrics = [0.5, None], {"tool_calls": 2.0, "sandbox_s": 0.25}
+    write_run(tmp_path, [traj], {}, {})
+    (got,) = load_trajectories(tmp_path / "trajectories.parquet")
+    assert got.turn_rewards == [0.5, None] and got.env_metrics == traj.env_metrics
+    older = trajectory_table([traj]).drop_columns(["turn_rewards", "env_metrics"])
+    pq.write_table(older, tmp_path / "old.parquet")
+    (old,) = load_trajectories(tmp_path / "old.parquet")
+    assert old.turn_rewards == [] and old.env_metrics == {}
+    assert old.completion_ids == traj.completion_ids
+
+
 def good_row(k: int) -> dict:
     return trajectory_table([make_traj(k, [1, 0, 1])]).to_pylist()[0]
 
