@@ -180,7 +180,12 @@ class Process:
                 pipe.close()
             except OSError:
                 pass
-        self.popen.poll()  # reaps now if it is already gone; else subprocess reaps it later
+        try:  # SIGKILL takes effect at once: reap it so its cgroup can go too
+            self.popen.wait(0.05)
+        except subprocess.TimeoutExpired:
+            pass  # subprocess reaps it later
+        if self.cgroup is not None:
+            self.cgroup.remove()
         if self.workdir is not None:
             _remove_tree(self.workdir)
 

@@ -16,7 +16,7 @@ from typing import Any
 
 import psutil
 
-from loomrl.sandbox import bwrap
+from loomrl.sandbox import bwrap, cgroup
 from loomrl.sandbox.cgroup import PidsCgroup
 from loomrl.sandbox.config import SandboxConfig, SandboxUnavailable
 from loomrl.sandbox.process import SERVER_SOURCE, Died, Process, make_workdir
@@ -116,8 +116,6 @@ class Sandbox:
     @property
     def process_limit(self) -> str:
         """How ``max_procs`` is enforced here: a pids cgroup, RLIMIT_NPROC, or not at all."""
-        from loomrl.sandbox import cgroup
-
         if cgroup.base() is not None:
             return "pids cgroup"
         if os.geteuid() == 0:
@@ -136,10 +134,16 @@ class Sandbox:
         _kill_all(self._processes)
 
     async def aclose(self) -> None:
+        """``close()``, then wait (briefly) until the killed processes' cgroups are gone."""
         task = self._fill_task
         self.close()
         if task is not None:
             await asyncio.gather(task, return_exceptions=True)
+        for _ in range(100):
+            cgroup.sweep()
+            if not cgroup.pending():
+                break
+            await asyncio.sleep(0.01)
 
     async def __aenter__(self) -> Sandbox:
         return self
@@ -215,7 +219,7 @@ class Sandbox:
         }
         argv = ["-I", "-S", "-B", "-c", SERVER_SOURCE, json.dumps(server), tag]
         env = {"PATH": "/usr/bin:/bin", "LANG": "C.UTF-8", "HOME": workdir or "/tmp",
-               "TMPDIR": workdir or "/tmp"}
+               "TMPDIR": workdir or "/tmp", "LOOMRL_SANDBOX": tag}  # a marker children inherit
         if self.mode == "bwrap":
             cmd = bwrap.command(
                 self.python, argv, tmp_mb=config.tmp_mb, site_packages=config.site_packages,
