@@ -14,6 +14,7 @@ import itertools
 import os
 import signal
 import time
+from contextlib import suppress
 from pathlib import Path
 
 ROOTS = (Path("/sys/fs/cgroup/pids"), Path("/sys/fs/cgroup"))
@@ -92,19 +93,15 @@ class PidsCgroup:
         """SIGKILL every member (a few rounds: a forking process may add one meanwhile)."""
         kill_file = self.path / "cgroup.kill"
         if kill_file.exists():
-            try:
+            with suppress(OSError):
                 kill_file.write_text("1")
-            except OSError:
-                pass
         for _ in range(5):
             pids = self.pids()
             if not pids:
                 break
             for pid in pids:
-                try:
+                with suppress(OSError):
                     os.kill(pid, signal.SIGKILL)
-                except OSError:
-                    pass
 
     def remove(self) -> None:
         """Remove the (killed) cgroup, or leave it to ``sweep`` until its members are reaped."""

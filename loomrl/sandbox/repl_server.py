@@ -9,6 +9,7 @@ the protocol pipe. It splits in two: a small supervisor (the parent, so that kil
 """
 
 import ast
+import contextlib
 import ctypes
 import io
 import json
@@ -277,15 +278,14 @@ def kill_tree():
         if not victims:
             return
         for pid in victims:
-            try:
+            with contextlib.suppress(OSError):
                 os.kill(pid, signal.SIGKILL)
-            except OSError:
-                pass
 
 
 def supervise(child, proto_out):
     """Reap until the REPL ends, tell the host why, then kill everything the session
     started; when the host dies (SIGTERM, our death signal) kill it all as well."""
+
     def on_host_death(_signum, _frame):
         kill_tree()
         os._exit(1)
@@ -301,10 +301,8 @@ def supervise(child, proto_out):
         if pid == child:
             break
     code = os.waitstatus_to_exitcode(status)
-    try:
+    with contextlib.suppress(OSError):
         send(proto_out, {"exit": code})
-    except OSError:
-        pass
     kill_tree()
     os.killpg(0, signal.SIGKILL)
 

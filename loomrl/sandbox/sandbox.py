@@ -44,7 +44,9 @@ def decide_mode(isolation: str) -> str:
     if isolation == "bwrap":
         raise SandboxUnavailable(detail)
     warnings.warn(
-        FALLBACK_WARNING.format(reason=detail, hint=bwrap.INSTALL_HINT), RuntimeWarning, stacklevel=3
+        FALLBACK_WARNING.format(reason=detail, hint=bwrap.INSTALL_HINT),
+        RuntimeWarning,
+        stacklevel=3,
     )
     return "rlimit-only"
 
@@ -218,19 +220,28 @@ class Sandbox:
             "host_pid": None if self.mode == "bwrap" else os.getpid(),
         }
         argv = ["-I", "-S", "-B", "-c", SERVER_SOURCE, json.dumps(server), tag]
-        env = {"PATH": "/usr/bin:/bin", "LANG": "C.UTF-8", "HOME": workdir or "/tmp",
-               "TMPDIR": workdir or "/tmp", "LOOMRL_SANDBOX": tag}  # a marker children inherit
+        env = {
+            "PATH": "/usr/bin:/bin",
+            "LANG": "C.UTF-8",
+            "HOME": workdir or "/tmp",
+            "TMPDIR": workdir or "/tmp",
+            "LOOMRL_SANDBOX": tag,
+        }  # a marker children inherit
         if self.mode == "bwrap":
             cmd = bwrap.command(
-                self.python, argv, tmp_mb=config.tmp_mb, site_packages=config.site_packages,
+                self.python,
+                argv,
+                tmp_mb=config.tmp_mb,
+                site_packages=config.site_packages,
                 env=env,
             )
             env, cwd = {}, None
         else:
             cmd, cwd = [self.python.executable, *argv], workdir
         max_frame = 8 * config.output_bytes + 65_536  # JSON may escape a byte into 6
-        return Process(cmd, env=env, cwd=cwd, workdir=workdir, cgroup=group,
-                       max_frame=max_frame, tag=tag)
+        return Process(
+            cmd, env=env, cwd=cwd, workdir=workdir, cgroup=group, max_frame=max_frame, tag=tag
+        )
 
     def _limits(self) -> dict[str, int | float]:
         config = self.config
@@ -239,7 +250,9 @@ class Sandbox:
             # Without a user namespace RLIMIT_NPROC counts all of this user's processes.
             uid = os.getuid()
             mine = sum(
-                1 for p in psutil.process_iter(["uids"]) if getattr(p.info["uids"], "real", -1) == uid
+                1
+                for p in psutil.process_iter(["uids"])
+                if getattr(p.info["uids"], "real", -1) == uid
             )
             nproc += mine
         return {

@@ -14,8 +14,9 @@ from loomrl.sandbox import Sandbox, SandboxConfig
 from loomrl.sandbox import bwrap as bwrap_mod
 
 MODES = ("bwrap", "rlimit-only")
-SMALL = dict(wall_s=2.0, cpu_s=2, memory_mb=256, max_procs=16, file_size_mb=4, output_bytes=4096,
-             pool_size=1)
+SMALL = dict(
+    wall_s=2.0, cpu_s=2, memory_mb=256, max_procs=16, file_size_mb=4, output_bytes=4096, pool_size=1
+)
 
 
 def descendants() -> set[int]:

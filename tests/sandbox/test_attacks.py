@@ -18,17 +18,14 @@ import psutil
 import pytest
 from conftest import SMALL, require, sandbox_processes, wait_until
 
-
 pytestmark = pytest.mark.timeout(60)
 HERE = Path(__file__).parent
 
 
 async def run(sandbox, code: str, **kw):
+    """(result, session) of ``code`` on a new session of ``sandbox``."""
     session = await sandbox.session()
-    try:
-        return await session.run(code, **kw), session
-    finally:
-        pass
+    return await session.run(code, **kw), session
 
 
 async def test_fork_bomb_is_stopped_by_the_process_limit(sandbox):
@@ -75,7 +72,9 @@ async def test_a_gigabyte_of_output_is_capped(sandbox):
     assert result.truncated and result.alive and result.error is None
     assert "bytes of output cut" in result.output
     assert len(result.output) < SMALL["output_bytes"] + 200
-    raw = await session.run("import os\nchunk = b'y' * (1 << 20)\nfor _ in range(1024): os.write(1, chunk)")
+    raw = await session.run(
+        "import os\nchunk = b'y' * (1 << 20)\nfor _ in range(1024): os.write(1, chunk)"
+    )
     assert "File too large" in raw.error  # fd-level output is a file capped by RLIMIT_FSIZE
     assert raw.truncated or len(raw.output) <= SMALL["output_bytes"] + 200
     session.close()
@@ -143,9 +142,9 @@ async def test_reading_etc_shadow_and_the_run_directory(sandbox, tmp_path):
     secret.write_text("run-dir-secret")
     result, session = await run(
         sandbox,
-        "out = []\nfor p in ('/etc/shadow', %r):\n"
+        f"out = []\nfor p in ('/etc/shadow', {str(secret)!r}):\n"
         "    try: out.append(len(open(p).read()))\n"
-        "    except OSError as e: out.append(type(e).__name__)\nout" % str(secret),
+        "    except OSError as e: out.append(type(e).__name__)\nout",
     )
     shadow, run_dir = eval(result.output)
     if sandbox.mode == "bwrap":
@@ -153,13 +152,17 @@ async def test_reading_etc_shadow_and_the_run_directory(sandbox, tmp_path):
     else:  # documented: the fallback sees what this user sees
         assert run_dir == len("run-dir-secret")
         if os.path.exists("/etc/shadow"):
-            assert shadow == ("PermissionError" if os.geteuid() else len(Path("/etc/shadow").read_text()))
+            assert shadow == (
+                "PermissionError" if os.geteuid() else len(Path("/etc/shadow").read_text())
+            )
     assert secret.read_text() == "run-dir-secret"
     session.close()
 
 
 async def test_killing_the_parent_kills_only_the_session(sandbox):
-    result, session = await run(sandbox, "import os\nos.kill(os.getppid(), 9)\nimport time; time.sleep(5)")
+    result, session = await run(
+        sandbox, "import os\nos.kill(os.getppid(), 9)\nimport time; time.sleep(5)"
+    )
     assert not result.alive and not result.timed_out
     assert result.error.startswith("SandboxError: the sandboxed interpreter")
     after = await session.run("print('back')")
@@ -174,9 +177,9 @@ async def test_escaping_through_proc_1_root(sandbox, tmp_path):
     result, session = await run(
         sandbox,
         "import os\nout = [sorted(os.listdir('/proc/1/root'))]\n"
-        "for p in ('/proc/1/root/etc/shadow', '/proc/1/root%s'):\n"
+        f"for p in ('/proc/1/root/etc/shadow', '/proc/1/root{tmp_path / 'host.txt'}'):\n"
         "    try: open(p).read(); out.append('read')\n"
-        "    except OSError as e: out.append(type(e).__name__)\nout" % str(tmp_path / "host.txt"),
+        "    except OSError as e: out.append(type(e).__name__)\nout",
     )
     listing, shadow, host = eval(result.output)
     assert not {"home", "work", "var", "opt"} & set(listing)
@@ -261,7 +264,10 @@ def test_nothing_survives_a_kill_9_of_the_host(mode):
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}
     done = subprocess.run(
         [sys.executable, str(HERE / "orphan_child.py"), mode],
-        capture_output=True, text=True, timeout=60, env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env=env,
     )
     assert done.returncode == -9, done.stderr
     tag = done.stdout.strip()
@@ -272,11 +278,11 @@ def test_nothing_survives_a_kill_9_of_the_host(mode):
         found = []
         for proc in psutil.process_iter(["cmdline"]):
             try:
-                if any(prefix in part for part in proc.info["cmdline"] or ()) or prefix in (
-                    proc.environ().get("LOOMRL_SANDBOX", "")
-                ):
-                    if proc.status() != psutil.STATUS_ZOMBIE:
-                        found.append(proc)
+                marked = any(prefix in part for part in proc.info["cmdline"] or ()) or (
+                    prefix in proc.environ().get("LOOMRL_SANDBOX", "")
+                )
+                if marked and proc.status() != psutil.STATUS_ZOMBIE:
+                    found.append(proc)
             except psutil.Error:
                 pass
         return found

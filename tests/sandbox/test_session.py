@@ -19,9 +19,7 @@ async def test_variables_persist_and_a_final_expression_is_shown(sandbox):
     session = await sandbox.session()
     assert (await session.run("x = 40\ndef f(y):\n    return y + 2")).output == ""
     result = await session.run("f(x)")
-    assert result == ExecResult(
-        output="42\n", error=None, duration_s=result.duration_s, alive=True
-    )
+    assert result == ExecResult(output="42\n", error=None, duration_s=result.duration_s, alive=True)
     assert result.text == "42"
     session.close()
 
@@ -153,8 +151,10 @@ async def test_forged_frames_written_by_the_code_do_not_confuse_the_host(sandbox
     result = await session.run(forged)
     assert result.alive and result.output != "FORGED" and "real\n" in result.output
     assert (await session.run("print(2)")).output == "2\n"
-    garbage = await session.run("import os\nfor fd in range(3, 10):\n"
-                                "    try: os.write(fd, b'\\xff' * 64)\n    except OSError: pass")
+    garbage = await session.run(
+        "import os\nfor fd in range(3, 10):\n"
+        "    try: os.write(fd, b'\\xff' * 64)\n    except OSError: pass"
+    )
     assert garbage.error is None or "protocol" in garbage.error
     assert (await session.run("print(3)")).output.endswith("3\n")
     session.close()
@@ -231,7 +231,9 @@ async def test_site_packages_only_when_asked(mode, make_sandbox):
 async def test_a_process_limit_is_reported(mode):
     sb = Sandbox(isolation=mode, pool_size=0)
     assert sb.stats["process_limit"] in (
-        "pids cgroup", "RLIMIT_NPROC", "none (root ignores RLIMIT_NPROC and no pids cgroup is writable)"
+        "pids cgroup",
+        "RLIMIT_NPROC",
+        "none (root ignores RLIMIT_NPROC and no pids cgroup is writable)",
     )
     sb.close()
 
