@@ -99,6 +99,13 @@ class Sandbox:
         self._refill()
         return session
 
+    async def warm(self) -> None:
+        """Start the pool now (it otherwise starts at the first ``session()``) and wait
+        until ``pool_size`` interpreters are idle."""
+        self._refill()
+        if self._fill_task is not None:
+            await asyncio.shield(self._fill_task)
+
     @property
     def stats(self) -> dict[str, Any]:
         """Counters for metrics: processes started, alive now, calls, cold/warm takes."""

@@ -105,9 +105,11 @@ async def test_sessions_are_isolated_from_each_other(sandbox):
 
 async def test_the_pool_hands_out_warm_interpreters_and_counts(mode, make_sandbox):
     sb = make_sandbox(isolation=mode, pool_size=2, wall_s=2.0)
+    assert sb.stats["started"] == 0  # creating a sandbox starts nothing
     first = await sb.session()  # nothing warm yet: cold, and the pool starts filling
     assert sb.stats["cold"] == 1 and sb.stats["warm"] == 0
-    assert await asyncio.wait_for(_until(lambda: sb.stats["idle"] == 2), 10)
+    await asyncio.wait_for(sb.warm(), 10)
+    assert sb.stats["idle"] == 2
     second = await sb.session()
     await second.run("print(1)")
     stats = sb.stats
@@ -118,12 +120,6 @@ async def test_the_pool_hands_out_warm_interpreters_and_counts(mode, make_sandbo
     with pytest.raises(RuntimeError, match="closed"):
         await sb.session()
     first.close()  # after the sandbox: still fine
-
-
-async def _until(predicate) -> bool:
-    while not predicate():
-        await asyncio.sleep(0.01)
-    return True
 
 
 async def test_output_is_capped_in_the_middle_with_a_marker(sandbox):
