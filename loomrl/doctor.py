@@ -99,5 +99,25 @@ def check_memory() -> Check:
     )
 
 
+def check_sandbox() -> Check:
+    """Which isolation ``loomrl.sandbox`` gets here: bubblewrap, or the rlimit-only fallback."""
+    from loomrl.sandbox import bwrap
+
+    try:
+        works, detail = bwrap.probe()
+    except Exception as exc:  # never hide the other rows
+        works, detail = False, f"probe failed: {exc}"
+    if works:
+        return Check("sandbox", True, f"bwrap ({detail})")
+    return Check("sandbox", False, f"rlimit-only — {detail}", bwrap.INSTALL_HINT)
+
+
 def run_checks() -> list[Check]:
-    return [check_torch(), check_vllm(), check_conflicts(), check_memory(), *check_models()]
+    return [
+        check_torch(),
+        check_vllm(),
+        check_conflicts(),
+        check_memory(),
+        check_sandbox(),
+        *check_models(),
+    ]

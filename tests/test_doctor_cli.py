@@ -31,6 +31,7 @@ def test_run_checks_returns_one_row_per_component(home):
         "vllm",
         "vision/audio packages",
         "KV cache",
+        "sandbox",
         "model smollm2-135m-instruct",
         "model tiny-random",
     ]
@@ -98,7 +99,7 @@ def test_one_broken_component_does_not_hide_the_others(home, monkeypatch):
     rows = {row.name: row for row in run_checks()}
     assert not rows["torch"].ok
     assert not rows["KV cache"].ok
-    assert len(rows) == 6
+    assert len(rows) == 7
 
 
 # -- parser --------------------------------------------------------------------------------

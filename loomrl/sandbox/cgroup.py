@@ -8,10 +8,13 @@ Supports cgroup v1 (``/sys/fs/cgroup/pids``) and v2 (the root, when it delegates
 
 from __future__ import annotations
 
+import atexit
 import functools
 import itertools
 import os
 import signal
+import time
+from contextlib import suppress
 from pathlib import Path
 
 ROOTS = (Path("/sys/fs/cgroup/pids"), Path("/sys/fs/cgroup"))
@@ -41,8 +44,20 @@ def base() -> Path | None:
         except OSError:
             continue
         if ok:
+            _remove_orphans(parent)
             return parent
     return None
+
+
+def _remove_orphans(parent: Path) -> None:
+    """Empty session cgroups left by a host process that was killed (``s<pid>-<n>``)."""
+    for path in parent.glob("s*-*"):
+        try:
+            pid = int(path.name[1:].split("-")[0])
+        except ValueError:
+            continue
+        if pid != os.getpid() and not os.path.exists(f"/proc/{pid}"):
+            _remove(path)
 
 
 class PidsCgroup:
@@ -75,23 +90,21 @@ class PidsCgroup:
             return []
 
     def kill(self) -> None:
-        """SIGKILL every member (a few rounds: a forking process may add one meanwhile),
-        then remove the cgroup, or leave it for ``sweep`` until the kernel reaps them."""
+        """SIGKILL every member (a few rounds: a forking process may add one meanwhile)."""
         kill_file = self.path / "cgroup.kill"
         if kill_file.exists():
-            try:
+            with suppress(OSError):
                 kill_file.write_text("1")
-            except OSError:
-                pass
         for _ in range(5):
             pids = self.pids()
             if not pids:
                 break
             for pid in pids:
-                try:
+                with suppress(OSError):
                     os.kill(pid, signal.SIGKILL)
-                except OSError:
-                    pass
+
+    def remove(self) -> None:
+        """Remove the (killed) cgroup, or leave it to ``sweep`` until its members are reaped."""
         if not _remove(self.path):
             _stale.append(self.path)
 
@@ -106,6 +119,18 @@ def _remove(path: Path) -> bool:
         return False
 
 
-def sweep() -> None:
+def sweep(wait_s: float = 0.0) -> None:
     """Remove the cgroups of killed sessions once their processes are gone."""
-    _stale[:] = [path for path in _stale if not _remove(path)]
+    deadline = time.monotonic() + wait_s
+    while True:
+        _stale[:] = [path for path in _stale if not _remove(path)]
+        if not _stale or time.monotonic() >= deadline:
+            return
+        time.sleep(0.01)
+
+
+def pending() -> int:
+    return len(_stale)
+
+
+atexit.register(sweep, 2.0)

@@ -25,12 +25,16 @@ class SandboxConfig(BaseModel):
     session_cpu_s: float = Field(
         300, gt=0, description="CPU seconds of a whole session (hard RLIMIT_CPU: then SIGKILL)"
     )
-    wall_s: float = Field(10.0, gt=0, description="wall seconds per call; then the session is killed")
+    wall_s: float = Field(
+        10.0, gt=0, description="wall seconds per call; then the session is killed"
+    )
     memory_mb: int = Field(512, ge=64, description="address space per process (RLIMIT_AS)")
     max_procs: int = Field(
         32, ge=2, description="processes per session (pids cgroup, else RLIMIT_NPROC)"
     )
-    file_size_mb: int = Field(16, ge=1, description="largest file a session may write (RLIMIT_FSIZE)")
+    file_size_mb: int = Field(
+        16, ge=1, description="largest file a session may write (RLIMIT_FSIZE)"
+    )
     open_files: int = Field(64, ge=16, description="open file descriptors (RLIMIT_NOFILE)")
     output_bytes: int = Field(
         16_384, ge=256, description="output kept per call (head and tail; the middle is cut)"

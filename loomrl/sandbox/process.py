@@ -11,6 +11,7 @@ import struct
 import subprocess
 import tempfile
 import time
+from contextlib import suppress
 from pathlib import Path
 
 import psutil
@@ -49,14 +50,29 @@ def describe_exit(code: int | None) -> str:
 class Process:
     """A started REPL: ``await ready()``, then ``await call(code, deadline)``."""
 
-    def __init__(self, argv: list[str], *, env: dict[str, str], cwd: str | None,
-                 workdir: str | None, cgroup: PidsCgroup | None, max_frame: int, tag: str):
+    def __init__(
+        self,
+        argv: list[str],
+        *,
+        env: dict[str, str],
+        cwd: str | None,
+        workdir: str | None,
+        cgroup: PidsCgroup | None,
+        max_frame: int,
+        tag: str,
+    ):
         self.tag, self.workdir, self.cgroup, self.max_frame = tag, workdir, cgroup, max_frame
         if cgroup is not None:  # join before exec, so every descendant is counted
             argv = ["/bin/sh", "-c", f'echo $$ > "{cgroup.procs_file}" && exec "$@"', "sh", *argv]
         self.popen = subprocess.Popen(
-            argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
-            env=env, cwd=cwd, start_new_session=True, close_fds=True,
+            argv,
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.DEVNULL,
+            env=env,
+            cwd=cwd,
+            start_new_session=True,
+            close_fds=True,
         )
         self.pid = self.popen.pid
         self._in = self.popen.stdin.fileno()
@@ -118,8 +134,8 @@ class Process:
             remaining = deadline - time.monotonic()
             if remaining <= 0:
                 raise TimeoutError
-            readable = loop.create_future()
-            loop.add_reader(self._out, lambda: readable.done() or readable.set_result(None))
+            readable: asyncio.Future[None] = loop.create_future()
+            loop.add_reader(self._out, _set_once, readable)
             try:
                 await asyncio.wait_for(readable, remaining)
             finally:
@@ -158,31 +174,32 @@ class Process:
         self.killed = True
         victims: list[psutil.Process] = []
         if self.workdir is not None:  # rlimit-only: escapees of the group are still children
-            try:
+            with suppress(psutil.Error):
                 victims = psutil.Process(self.pid).children(recursive=True)
-            except psutil.Error:
-                pass
         if self.cgroup is not None:
             self.cgroup.kill()
-        for kill in (lambda: os.killpg(self.pid, signal.SIGKILL),
-                     lambda: os.kill(self.pid, signal.SIGKILL)):
-            try:
-                kill()
-            except OSError:
-                pass
+        with suppress(OSError):
+            os.killpg(self.pid, signal.SIGKILL)
+        with suppress(OSError):
+            os.kill(self.pid, signal.SIGKILL)
         for victim in victims:
-            try:
+            with suppress(psutil.Error):
                 victim.kill()
-            except psutil.Error:
-                pass
         for pipe in (self.popen.stdin, self.popen.stdout):
-            try:
+            with suppress(OSError):
                 pipe.close()
-            except OSError:
-                pass
-        self.popen.poll()  # reaps now if it is already gone; else subprocess reaps it later
+        # SIGKILL takes effect at once: reap it so its cgroup can go too (else: later).
+        with suppress(subprocess.TimeoutExpired):
+            self.popen.wait(0.05)
+        if self.cgroup is not None:
+            self.cgroup.remove()
         if self.workdir is not None:
             _remove_tree(self.workdir)
+
+
+def _set_once(future: asyncio.Future[None]) -> None:
+    if not future.done():
+        future.set_result(None)
 
 
 def _write_all(fd: int, data: bytes) -> None:

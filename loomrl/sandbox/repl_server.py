@@ -9,6 +9,7 @@ the protocol pipe. It splits in two: a small supervisor (the parent, so that kil
 """
 
 import ast
+import contextlib
 import ctypes
 import io
 import json
@@ -165,11 +166,17 @@ def cpu_used():
 
 
 def format_error(exc):
+    """The traceback from the first cell frame on, without this server's own frames."""
     tb = exc.__traceback__
     while tb is not None and not tb.tb_frame.f_code.co_filename.startswith("<cell"):
         tb = tb.tb_next
     try:
-        lines = "".join(traceback.format_exception(type(exc), exc, tb)).splitlines()
+        summary = traceback.extract_tb(tb)
+        summary = traceback.StackSummary.from_list(
+            [f for f in summary if not (f.filename == "<string>" and f.name == "on_xcpu")]
+        )
+        lines = ["Traceback (most recent call last):\n", *summary.format()] if summary else []
+        lines = "".join([*lines, *traceback.format_exception_only(type(exc), exc)]).splitlines()
     except BaseException:  # formatting itself may fail (memory): the type still helps
         return type(exc).__name__
     if len(lines) > ERROR_LINES:
@@ -204,7 +211,7 @@ def repl(config, proto_in, proto_out, capture_fd):
 
     def on_xcpu(_signum, _frame):
         if calling[0]:
-            raise CPUTimeLimit(f"the call used more than {cpu_s} s of CPU time")
+            raise CPUTimeLimit(f"the call used more than {cpu_s:g} s of CPU time")
 
     signal.signal(signal.SIGXCPU, on_xcpu)
     set_limits(limits)
@@ -245,12 +252,46 @@ def repl(config, proto_in, proto_out, capture_fd):
         )
 
 
+def descendants(root):
+    """PIDs below ``root``, from /proc (orphans of the session are re-parented to us)."""
+    children = {}
+    for name in os.listdir("/proc"):
+        if not name.isdigit():
+            continue
+        try:
+            with open(f"/proc/{name}/stat", "rb") as stat:
+                ppid = int(stat.read().rsplit(b")", 1)[1].split()[1])
+        except (OSError, ValueError, IndexError):
+            continue
+        children.setdefault(ppid, []).append(int(name))
+    found, todo = [], [root]
+    while todo:
+        for pid in children.get(todo.pop(), ()):
+            found.append(pid)
+            todo.append(pid)
+    return found
+
+
+def kill_tree():
+    for _ in range(5):  # a forking process may add a child meanwhile
+        victims = descendants(os.getpid())
+        if not victims:
+            return
+        for pid in victims:
+            with contextlib.suppress(OSError):
+                os.kill(pid, signal.SIGKILL)
+
+
 def supervise(child, proto_out):
-    """Reap until the REPL ends, tell the host why, then kill the whole process group."""
-    try:
-        prctl(PR_SET_CHILD_SUBREAPER, 1)
-    except Exception:
-        pass
+    """Reap until the REPL ends, tell the host why, then kill everything the session
+    started; when the host dies (SIGTERM, our death signal) kill it all as well."""
+
+    def on_host_death(_signum, _frame):
+        kill_tree()
+        os._exit(1)
+
+    signal.signal(signal.SIGTERM, on_host_death)
+    prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
     status = 0
     while True:
         try:
@@ -260,10 +301,9 @@ def supervise(child, proto_out):
         if pid == child:
             break
     code = os.waitstatus_to_exitcode(status)
-    try:
+    with contextlib.suppress(OSError):
         send(proto_out, {"exit": code})
-    except OSError:
-        pass
+    kill_tree()
     os.killpg(0, signal.SIGKILL)
 
 
@@ -289,6 +329,7 @@ def main():
     os.dup2(capture_fd, 2)
     signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # too big a file: EFBIG, not death
     prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
+    prctl(PR_SET_CHILD_SUBREAPER, 1)  # orphans of the session stay below us
     host = config.get("host_pid")
     if host is not None and os.getppid() != host:
         os._exit(1)  # the host died before we could ask to die with it
@@ -298,6 +339,8 @@ def main():
         os.close(proto_in)
         supervise(child, proto_out)
         return
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    prctl(PR_SET_CHILD_SUBREAPER, 0)
     prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
     if os.getppid() != supervisor:
         os._exit(1)

@@ -16,7 +16,7 @@ from typing import Any
 
 import psutil
 
-from loomrl.sandbox import bwrap
+from loomrl.sandbox import bwrap, cgroup
 from loomrl.sandbox.cgroup import PidsCgroup
 from loomrl.sandbox.config import SandboxConfig, SandboxUnavailable
 from loomrl.sandbox.process import SERVER_SOURCE, Died, Process, make_workdir
@@ -44,7 +44,9 @@ def decide_mode(isolation: str) -> str:
     if isolation == "bwrap":
         raise SandboxUnavailable(detail)
     warnings.warn(
-        FALLBACK_WARNING.format(reason=detail, hint=bwrap.INSTALL_HINT), RuntimeWarning, stacklevel=3
+        FALLBACK_WARNING.format(reason=detail, hint=bwrap.INSTALL_HINT),
+        RuntimeWarning,
+        stacklevel=3,
     )
     return "rlimit-only"
 
@@ -97,6 +99,13 @@ class Sandbox:
         self._refill()
         return session
 
+    async def warm(self) -> None:
+        """Start the pool now (it otherwise starts at the first ``session()``) and wait
+        until ``pool_size`` interpreters are idle."""
+        self._refill()
+        if self._fill_task is not None:
+            await asyncio.shield(self._fill_task)
+
     @property
     def stats(self) -> dict[str, Any]:
         """Counters for metrics: processes started, alive now, calls, cold/warm takes."""
@@ -116,8 +125,6 @@ class Sandbox:
     @property
     def process_limit(self) -> str:
         """How ``max_procs`` is enforced here: a pids cgroup, RLIMIT_NPROC, or not at all."""
-        from loomrl.sandbox import cgroup
-
         if cgroup.base() is not None:
             return "pids cgroup"
         if os.geteuid() == 0:
@@ -136,10 +143,16 @@ class Sandbox:
         _kill_all(self._processes)
 
     async def aclose(self) -> None:
+        """``close()``, then wait (briefly) until the killed processes' cgroups are gone."""
         task = self._fill_task
         self.close()
         if task is not None:
             await asyncio.gather(task, return_exceptions=True)
+        for _ in range(100):
+            cgroup.sweep()
+            if not cgroup.pending():
+                break
+            await asyncio.sleep(0.01)
 
     async def __aenter__(self) -> Sandbox:
         return self
@@ -217,19 +230,28 @@ class Sandbox:
             "host_pid": None if self.mode == "bwrap" else os.getpid(),
         }
         argv = ["-I", "-S", "-B", "-c", SERVER_SOURCE, json.dumps(server), tag]
-        env = {"PATH": "/usr/bin:/bin", "LANG": "C.UTF-8", "HOME": workdir or "/tmp",
-               "TMPDIR": workdir or "/tmp"}
+        env = {
+            "PATH": "/usr/bin:/bin",
+            "LANG": "C.UTF-8",
+            "HOME": workdir or "/tmp",
+            "TMPDIR": workdir or "/tmp",
+            "LOOMRL_SANDBOX": tag,
+        }  # a marker children inherit
         if self.mode == "bwrap":
             cmd = bwrap.command(
-                self.python, argv, tmp_mb=config.tmp_mb, site_packages=config.site_packages,
+                self.python,
+                argv,
+                tmp_mb=config.tmp_mb,
+                site_packages=config.site_packages,
                 env=env,
             )
             env, cwd = {}, None
         else:
             cmd, cwd = [self.python.executable, *argv], workdir
         max_frame = 8 * config.output_bytes + 65_536  # JSON may escape a byte into 6
-        return Process(cmd, env=env, cwd=cwd, workdir=workdir, cgroup=group,
-                       max_frame=max_frame, tag=tag)
+        return Process(
+            cmd, env=env, cwd=cwd, workdir=workdir, cgroup=group, max_frame=max_frame, tag=tag
+        )
 
     def _limits(self) -> dict[str, int | float]:
         config = self.config
@@ -238,7 +260,9 @@ class Sandbox:
             # Without a user namespace RLIMIT_NPROC counts all of this user's processes.
             uid = os.getuid()
             mine = sum(
-                1 for p in psutil.process_iter(["uids"]) if getattr(p.info["uids"], "real", -1) == uid
+                1
+                for p in psutil.process_iter(["uids"])
+                if getattr(p.info["uids"], "real", -1) == uid
             )
             nproc += mine
         return {

@@ -93,14 +93,17 @@ class Session:
             self._sandbox._count("timeouts")
             return self._killed(
                 f"TimeoutError: the call exceeded {wall:g} s wall time; the interpreter was killed",
-                start, restarted, timed_out=True,
+                start,
+                restarted,
+                timed_out=True,
             )
         except Died as exc:
             return self._killed(f"SandboxError: {exc}", start, restarted)
         except ProtocolError as exc:
             return self._killed(
                 f"SandboxError: the interpreter broke the protocol ({exc}) and was killed",
-                start, restarted,
+                start,
+                restarted,
             )
         output, cut = cap_text(clean_text(frame.get("output")), config.output_bytes + 128)
         error = frame.get("error")
