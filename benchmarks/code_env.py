@@ -59,8 +59,9 @@ class InProcess(PythonToolEnv):
         out = io.StringIO()
         started = time.perf_counter()
         with contextlib.redirect_stdout(out):
-            exec(code, scope)  # noqa: S102 (the benchmark's floor, never the product)
-        return ToolResult(out.getvalue().strip(), None, {"sandbox_s": time.perf_counter() - started})
+            exec(code, scope)  # the benchmark's floor, never the product
+        took = time.perf_counter() - started
+        return ToolResult(out.getvalue().strip(), None, {"sandbox_s": took})
 
     def state_dict(self, state: EnvState) -> dict[str, Any]:  # the scope is not data
         raise TypeError("not checkpointed")
@@ -77,12 +78,12 @@ def script(tokenizer: Any) -> Any:
     return reply
 
 
-async def one_run(
-    env: PythonToolEnv, tokenizer: Any, args: argparse.Namespace
-) -> dict[str, float]:
+async def one_run(env: PythonToolEnv, tokenizer: Any, args: argparse.Namespace) -> dict[str, float]:
     engine = ScriptedEngine(
-        script(tokenizer), tokenizer=tokenizer,
-        step_base_s=args.step_ms / 1000, step_per_seq_s=args.per_seq_ms / 1000,
+        script(tokenizer),
+        tokenizer=tokenizer,
+        step_base_s=args.step_ms / 1000,
+        step_per_seq_s=args.per_seq_ms / 1000,
     )
     examples = [{"id": i, "question": "sum of squares below 2000?", "answer": 2664667000}
                 for i in range(args.episodes)]  # fmt: skip

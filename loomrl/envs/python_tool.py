@@ -14,6 +14,7 @@ the system prompt. Examples come from the built-in word problems
 from __future__ import annotations
 
 import asyncio
+import json
 import random
 import weakref
 from dataclasses import dataclass, field
@@ -32,8 +33,9 @@ DEMO: list[dict[str, Any]] = [
     {"role": "user", "content": "What is the sum of the digits of 2 to the power 15?"},
     {
         "role": "assistant",
-        "content": '<tool_call>\n{"name": "python", "arguments": {"code": "%s"}}\n</tool_call>'
-        % DEMO_CODE,
+        "content": "<tool_call>\n"
+        + json.dumps({"name": "python", "arguments": {"code": DEMO_CODE}})
+        + "\n</tool_call>",
     },
     {"role": "tool", "name": "python", "content": "26"},
     {"role": "assistant", "content": "2**15 = 32768, whose digits add up to 26.\nAnswer: 26"},

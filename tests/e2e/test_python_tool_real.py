@@ -17,9 +17,7 @@ pytestmark = pytest.mark.e2e
 async def test_python_tool_rollouts_keep_the_contract_and_count_calls(
     default_engine, tmp_path, check_contract
 ):
-    env = loomrl.envs.load(
-        "python_tool", few_shot=True, sandbox={"pool_size": 2, "wall_s": 5.0}
-    )
+    env = loomrl.envs.load("python_tool", few_shot=True, sandbox={"pool_size": 2, "wall_s": 5.0})
     results = await loomrl.rollout(
         default_engine,
         env,

@@ -124,14 +124,12 @@ async def test_network_loopback_of_the_host(sandbox, listener):
     session.close()
 
 
-async def test_network_outside(sandbox):
-    if sandbox.mode != "bwrap":
-        pytest.skip("rlimit-only has the host's network (docs/tools.md)")
+async def test_network_outside(bwrap_sandbox):
     result, session = await run(
-        sandbox, "import socket\nsocket.create_connection(('192.0.2.1', 80), timeout=1)"
+        bwrap_sandbox, "import socket\nsocket.create_connection(('192.0.2.1', 80), timeout=1)"
     )
     assert "Network is unreachable" in result.error
-    dns, _ = await run(sandbox, "import socket\nsocket.getaddrinfo('pypi.org', 443)")
+    dns, _ = await run(bwrap_sandbox, "import socket\nsocket.getaddrinfo('pypi.org', 443)")
     assert "gaierror" in dns.error
     session.close()
 
@@ -170,12 +168,10 @@ async def test_killing_the_parent_kills_only_the_session(sandbox):
     session.close()
 
 
-async def test_escaping_through_proc_1_root(sandbox, tmp_path):
-    if sandbox.mode != "bwrap":
-        pytest.skip("rlimit-only has no file-system isolation to escape from (docs/tools.md)")
+async def test_escaping_through_proc_1_root(bwrap_sandbox, tmp_path):
     (tmp_path / "host.txt").write_text("host")
     result, session = await run(
-        sandbox,
+        bwrap_sandbox,
         "import os\nout = [sorted(os.listdir('/proc/1/root'))]\n"
         f"for p in ('/proc/1/root/etc/shadow', '/proc/1/root{tmp_path / 'host.txt'}'):\n"
         "    try: open(p).read(); out.append('read')\n"
@@ -195,13 +191,11 @@ async def test_ctypes_segfault_is_a_crash_report(sandbox):
     session.close()
 
 
-async def test_ctypes_kill_everything_and_ptrace_stay_inside(sandbox):
-    if sandbox.mode != "bwrap":
-        pytest.skip("rlimit-only shares the host's PIDs: kill(-1) would hit the host (docs)")
+async def test_ctypes_kill_everything_and_ptrace_stay_inside(bwrap_sandbox):
     sentinel = subprocess.Popen(["sleep", "60"])
     try:
         traced, session = await run(
-            sandbox,
+            bwrap_sandbox,
             "import ctypes\nlibc = ctypes.CDLL(None, use_errno=True)\n"
             f"libc.ptrace(16, {os.getpid()}, 0, 0), ctypes.get_errno()",
         )

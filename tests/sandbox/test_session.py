@@ -7,7 +7,7 @@ import time
 import warnings
 
 import pytest
-from conftest import SMALL, descendants, wait_until
+from conftest import SMALL, descendants, require, wait_until
 
 from loomrl.sandbox import ExecResult, Sandbox, SandboxConfig, SandboxUnavailable
 from loomrl.sandbox import bwrap as bwrap_mod
@@ -191,9 +191,7 @@ def test_auto_falls_back_loudly_and_says_how_to_fix(monkeypatch):
 
 
 def test_auto_picks_bwrap_where_it_runs():
-    works, _ = bwrap_mod.probe()
-    if not works:
-        pytest.skip("bubblewrap cannot run here")
+    require("bwrap")
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         assert Sandbox().mode == "bwrap"
