@@ -244,6 +244,9 @@ def summary_table(metrics: dict[str, float | int], out: Path) -> Table:
         "reward_max", "zero_variance_group_fraction", "generated_tokens_mean", "env_tokens_mean",
         "generated_tokens_per_s", "trajectories_per_s", "wall_s",
     ]  # fmt: skip
+    # What the environment counted, when it counts: tool calls, errors, sandbox time.
+    keys += [k for k in ("tool_calls_per_episode", "tool_error_rate", "sandbox_s", "sandbox",
+                         "obs_tokens_cut_per_episode") if k in metrics]  # fmt: skip
     for key in keys:
         table.add_row(key, _fmt(metrics[key]))
     return table
