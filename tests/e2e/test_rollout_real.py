@@ -48,8 +48,14 @@ def assert_token_contract(chat: ChatTokenizer, row: dict) -> None:
 ENV_ARGS = {"guess_number": {"max_turns": 3}}
 
 
-# Plain names only: a family (``prefix:NAME``) and qa (over data) have e2e tests of their own.
-@pytest.mark.parametrize("env_name", sorted(n for n in available() if ":" not in n and n != "qa"))
+# Plain names only: a family (``prefix:NAME``), qa (over data) and python_tool (which needs
+# its few-shot demo to make the small model call) have e2e tests of their own.
+OWN_TESTS = {"qa", "python_tool"}
+
+
+@pytest.mark.parametrize(
+    "env_name", sorted(n for n in available() if ":" not in n and n not in OWN_TESTS)
+)
 async def test_real_rollouts_keep_the_token_contract(default_engine, env_name, tmp_path):
     env = loomrl.envs.load(env_name, **ENV_ARGS.get(env_name, {}))
     examples = env.dataset(6, seed=1)
