@@ -282,12 +282,18 @@ def kill_tree():
                 os.kill(pid, signal.SIGKILL)
 
 
-def supervise(child, proto_out):
+def supervise(child, proto_out, workdir):
     """Reap until the REPL ends, tell the host why, then kill everything the session
-    started; when the host dies (SIGTERM, our death signal) kill it all as well."""
+    started; when the host dies (SIGTERM, our death signal) kill it all as well and
+    remove the host-side working directory (``workdir``, rlimit-only), which the host
+    can no longer remove."""
 
     def on_host_death(_signum, _frame):
         kill_tree()
+        if workdir:
+            import shutil
+
+            shutil.rmtree(workdir, ignore_errors=True)
         os._exit(1)
 
     signal.signal(signal.SIGTERM, on_host_death)
@@ -337,7 +343,7 @@ def main():
     child = os.fork()
     if child:
         os.close(proto_in)
-        supervise(child, proto_out)
+        supervise(child, proto_out, config.get("workdir"))
         return
     signal.signal(signal.SIGTERM, signal.SIG_DFL)
     prctl(PR_SET_CHILD_SUBREAPER, 0)

@@ -264,7 +264,7 @@ def test_nothing_survives_a_kill_9_of_the_host(mode):
         env=env,
     )
     assert done.returncode == -9, done.stderr
-    tag = done.stdout.strip()
+    tag, workdir = done.stdout.split()
     assert tag.startswith("loomrl-sandbox:")
     prefix = ":".join(tag.split(":")[:2]) + ":"  # every session of that host process
 
@@ -282,6 +282,8 @@ def test_nothing_survives_a_kill_9_of_the_host(mode):
         return found
 
     assert wait_until(lambda: not survivors(), 5), [p.cmdline() for p in survivors()]
+    if mode == "rlimit-only":  # its temporary working directory on the host goes too
+        assert wait_until(lambda: not os.path.exists(workdir), 5), workdir
 
 
 async def test_filling_memory_through_writable_mounts_is_capped(make_sandbox):
