@@ -25,6 +25,8 @@ HEADER = struct.Struct(">I")
 MAX_REQUEST = 64 * 2**20
 PR_SET_PDEATHSIG, PR_SET_CHILD_SUBREAPER = 1, 36
 ERROR_LINES = 40
+ERROR_LINE_CHARS = 1000  # a huge message or source line must not overflow the frame cap
+ERROR_CHARS = 8192
 
 
 def send(fd, obj):
@@ -181,7 +183,14 @@ def format_error(exc):
         return type(exc).__name__
     if len(lines) > ERROR_LINES:
         lines = ["Traceback (most recent call last, cut):", *lines[-ERROR_LINES + 1 :]]
-    return "\n".join(lines)
+    half = ERROR_LINE_CHARS // 2
+    lines = [
+        f"{ln[:half]}[... {len(ln) - 2 * half} characters cut ...]{ln[-half:]}"
+        if len(ln) > ERROR_LINE_CHARS
+        else ln
+        for ln in lines
+    ]
+    return "\n".join(lines)[-ERROR_CHARS:]
 
 
 def run_cell(code, namespace, number):
