@@ -168,9 +168,14 @@ class ToolEnv(Environment):
                 return ToolResult(f"Error: TimeoutError: {e}", "exception")
             text = f"Error: {attempt.name} took longer than its {limit:g} s timeout"
             return ToolResult(text, "timeout")
-        except Exception as e:  # a tool failure is an observation for the model, not a crash
+        except (Exception, SystemExit) as e:  # an observation for the model, not a crash
+            # (SystemExit too: sys.exit() or argparse in a tool must not end the process.)
             return ToolResult(f"Error: {type(e).__name__}: {e}", "exception")
-        return result if isinstance(result, ToolResult) else ToolResult(result)
+        if not isinstance(result, ToolResult):
+            return ToolResult(result)
+        if result.error is not None and result.content in (None, ""):
+            result.content = f"Error: {result.error}"  # the model sees that the call failed
+        return result
 
 
 def _tool_message(name: str | None, content: str) -> Message:

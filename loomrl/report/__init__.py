@@ -13,7 +13,7 @@ from pathlib import Path
 
 from pydantic import BaseModel, Field
 
-from loomrl.report.load import ReportError, Run, load_run
+from loomrl.report.load import ReportError, Run, label_runs, load_run
 
 __all__ = ["REPORT", "ReportConfig", "ReportError", "Run", "load_run", "write_report"]
 
@@ -38,6 +38,7 @@ def build_report(runs: Sequence[Run], config: ReportConfig | None = None) -> str
     from loomrl.report.page import render
 
     config = config or ReportConfig()
+    label_runs(list(runs))
     plots = Plots()
     trajectory_plots(runs, plots)
     row_plots(runs, plots)

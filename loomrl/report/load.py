@@ -45,10 +45,11 @@ class Run:
     # its tokens are), in step order.
     trajectories: pa.Table
     files: list[Path] = field(default_factory=list)
+    label: str | None = None  # set by ``label_runs`` when directory names collide
 
     @property
     def name(self) -> str:
-        return self.path.name or str(self.path)
+        return self.label or self.path.name or str(self.path)
 
     @property
     def model(self) -> str | None:
@@ -82,6 +83,24 @@ def load_run(path: Path) -> Run:
         f"{path}: not a run directory (no metrics.jsonl, metrics.json, trajectories.parquet "
         "or trajectories/)"
     )
+
+
+def label_runs(runs: list[Run]) -> None:
+    """Give runs whose directories share a name (``a/run``, ``b/run``) labels made of as
+    many trailing path parts as tell them apart, so plots and filters can."""
+    names = [run.path.name for run in runs]
+    for run in runs:
+        if names.count(run.path.name) < 2:
+            continue
+        own = run.path.resolve()
+        others = [r.path.resolve() for r in runs if r.path.name == run.path.name]
+        others = [o for o in others if o != own]  # the same directory twice: same label
+        parts = own.parts
+        for depth in range(2, len(parts) + 1):
+            label = parts[-depth:]
+            if all(o.parts[-depth:] != label for o in others):
+                break
+        run.label = "/".join(label).lstrip("/") or str(run.path)
 
 
 def read_rows(path: Path) -> list[dict[str, Any]]:

@@ -82,11 +82,15 @@ def command(
     # The base interpreter's own site-packages may hold anything: hide it.
     base_site = Path(python.stdlib) / "site-packages"
     if base_site.is_dir():
-        cmd += ["--tmpfs", str(base_site)]
+        cmd += ["--tmpfs", str(base_site), "--remount-ro", str(base_site)]
     if site_packages:
         for path in python.site_packages:
             cmd += ["--ro-bind", path, path]
-    cmd += ["--size", str(tmp_mb * 2**20), "--tmpfs", "/tmp", "--proc", "/proc", "--dev", "/dev"]
+    size = ["--size", str(tmp_mb * 2**20)]
+    cmd += [*size, "--tmpfs", "/tmp", "--proc", "/proc", "--dev", "/dev"]
+    cmd += [*size, "--tmpfs", "/dev/shm"]  # multiprocessing's semaphores live there
+    # Every other writable mount is an uncapped tmpfs (host memory): make them read-only.
+    cmd += ["--remount-ro", "/dev", "--remount-ro", "/"]
     cmd += ["--chdir", "/tmp", "--clearenv"]
     for key, value in env.items():
         cmd += ["--setenv", key, value]

@@ -39,7 +39,9 @@ class SandboxConfig(BaseModel):
     output_bytes: int = Field(
         16_384, ge=256, description="output kept per call (head and tail; the middle is cut)"
     )
-    tmp_mb: int = Field(64, ge=1, description="size of the private /tmp (bwrap mode)")
+    tmp_mb: int = Field(
+        64, ge=1, description="size of the private /tmp and of /dev/shm, each (bwrap mode)"
+    )
     isolation: Isolation = Field(
         "auto", description="'bwrap' (required), 'rlimit-only' (weak fallback) or 'auto'"
     )

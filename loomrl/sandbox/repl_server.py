@@ -25,6 +25,8 @@ HEADER = struct.Struct(">I")
 MAX_REQUEST = 64 * 2**20
 PR_SET_PDEATHSIG, PR_SET_CHILD_SUBREAPER = 1, 36
 ERROR_LINES = 40
+ERROR_LINE_CHARS = 1000  # a huge message or source line must not overflow the frame cap
+ERROR_CHARS = 8192
 
 
 def send(fd, obj):
@@ -181,7 +183,14 @@ def format_error(exc):
         return type(exc).__name__
     if len(lines) > ERROR_LINES:
         lines = ["Traceback (most recent call last, cut):", *lines[-ERROR_LINES + 1 :]]
-    return "\n".join(lines)
+    half = ERROR_LINE_CHARS // 2
+    lines = [
+        f"{ln[:half]}[... {len(ln) - 2 * half} characters cut ...]{ln[-half:]}"
+        if len(ln) > ERROR_LINE_CHARS
+        else ln
+        for ln in lines
+    ]
+    return "\n".join(lines)[-ERROR_CHARS:]
 
 
 def run_cell(code, namespace, number):
@@ -282,12 +291,18 @@ def kill_tree():
                 os.kill(pid, signal.SIGKILL)
 
 
-def supervise(child, proto_out):
+def supervise(child, proto_out, workdir):
     """Reap until the REPL ends, tell the host why, then kill everything the session
-    started; when the host dies (SIGTERM, our death signal) kill it all as well."""
+    started; when the host dies (SIGTERM, our death signal) kill it all as well and
+    remove the host-side working directory (``workdir``, rlimit-only), which the host
+    can no longer remove."""
 
     def on_host_death(_signum, _frame):
         kill_tree()
+        if workdir:
+            import shutil
+
+            shutil.rmtree(workdir, ignore_errors=True)
         os._exit(1)
 
     signal.signal(signal.SIGTERM, on_host_death)
@@ -337,7 +352,7 @@ def main():
     child = os.fork()
     if child:
         os.close(proto_in)
-        supervise(child, proto_out)
+        supervise(child, proto_out, config.get("workdir"))
         return
     signal.signal(signal.SIGTERM, signal.SIG_DFL)
     prctl(PR_SET_CHILD_SUBREAPER, 0)

@@ -150,6 +150,46 @@ async def test_every_error_kind_is_counted():
     assert metrics["tool_errors/arguments"] == 1
 
 
+def exits(argv: str) -> str:
+    """Parse a command line (argparse exits on bad input).
+
+    Args:
+        argv: The arguments.
+    """
+    import argparse
+
+    parser = argparse.ArgumentParser(prog="tool", exit_on_error=False)
+    parser.add_argument("--n", type=int)
+    parser.parse_args(argv.split())
+    raise SystemExit(2)
+
+
+async def async_exits() -> str:
+    """Calls sys.exit."""
+    raise SystemExit("bye")
+
+
+def failed_quietly() -> ToolResult:
+    """Fails without saying why."""
+    return ToolResult(None, error="quota")
+
+
+async def test_a_tool_that_exits_is_a_tool_error_not_the_end_of_the_process():
+    env = Env([exits, async_exits])
+    text = call_text("exits", {"argv": "--n 1"}) + call_text("async_exits", {})
+    _, (step,) = await play(env, text)
+    assert [m["content"] for m in step.messages] == [
+        "Error: SystemExit: 2", "Error: SystemExit: bye"
+    ]  # fmt: skip
+    assert step.info["metrics"]["tool_errors/exception"] == 2
+
+
+async def test_a_failure_without_content_names_its_kind():
+    _, (step,) = await play(Env([failed_quietly]), call_text("failed_quietly", {}))
+    assert step.messages[0]["content"] == "Error: quota"
+    assert step.info["metrics"]["tool_errors/quota"] == 1
+
+
 def test_construction_checks_timeouts():
     with pytest.raises(ValueError, match=r"timeouts for unknown tools: \['missing'\]"):
         Env([nap], timeouts={"missing": 1.0})

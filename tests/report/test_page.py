@@ -48,6 +48,17 @@ def test_several_runs_are_overlaid_one_colour_each(train_dirs):
     assert summary["cols"]["run"] == [0] * 12 + [1] * 12
 
 
+def test_runs_whose_directories_share_a_name_are_told_apart(train_dirs, tmp_path):
+    import shutil
+
+    copies = [shutil.copytree(p, tmp_path / p.name / "run") for p in train_dirs]
+    page = build_report([load_run(p) for p in copies])
+    assert json.loads(blocks(page)["trajectories"])["runs"] == ["seed0/run", "seed1/run"]
+    reward = next(f for f in json.loads(blocks(page)["figures"]) if f["id"] == "reward")
+    names = [t["name"] for t in reward["data"] if t.get("showlegend") is not False]
+    assert names == ["seed0/run · mean", "seed1/run · mean"]
+
+
 def test_a_rollout_has_no_learner_plots_and_says_so(rollout_dir):
     page = build_report([load_run(rollout_dir)], ReportConfig(max_texts=0))
     assert 'id="fig-learner-' not in page

@@ -1,5 +1,6 @@
-"""Opens a sandbox session that starts a grandchild, prints the session's marker, then
-SIGKILLs itself: nothing of the session may survive it (tests/sandbox/test_attacks.py)."""
+"""Opens a sandbox session that starts a grandchild, prints the session's marker and
+working directory, then SIGKILLs itself: nothing of the session may survive it
+(tests/sandbox/test_attacks.py)."""
 
 import asyncio
 import os
@@ -15,9 +16,9 @@ async def main(mode: str) -> None:
     result = await session.run(
         "import os, subprocess\n"
         "subprocess.Popen(['sleep', '300'], start_new_session=True)\n"
-        "print(os.environ['LOOMRL_SANDBOX'])"
+        "print(os.environ['LOOMRL_SANDBOX'], os.getcwd())"
     )
-    print(result.output.strip(), flush=True)
+    print(result.output.strip(), flush=True)  # the marker and the working directory
     await asyncio.sleep(0.3)  # the pool's spare interpreter is up too
     os.kill(os.getpid(), signal.SIGKILL)
 

@@ -264,7 +264,7 @@ def test_nothing_survives_a_kill_9_of_the_host(mode):
         env=env,
     )
     assert done.returncode == -9, done.stderr
-    tag = done.stdout.strip()
+    tag, workdir = done.stdout.split()
     assert tag.startswith("loomrl-sandbox:")
     prefix = ":".join(tag.split(":")[:2]) + ":"  # every session of that host process
 
@@ -282,3 +282,34 @@ def test_nothing_survives_a_kill_9_of_the_host(mode):
         return found
 
     assert wait_until(lambda: not survivors(), 5), [p.cmdline() for p in survivors()]
+    if mode == "rlimit-only":  # its temporary working directory on the host goes too
+        assert wait_until(lambda: not os.path.exists(workdir), 5), workdir
+
+
+async def test_filling_memory_through_writable_mounts_is_capped(make_sandbox):
+    """Every writable file system inside is a tmpfs (host memory): each must be read-only
+    or capped at ``tmp_mb``, else many files under the per-file limit fill the host's RAM."""
+    require("bwrap")
+    sb = make_sandbox(isolation="bwrap", **{**SMALL, "tmp_mb": 8})
+    site = Path(sb.python.stdlib) / "site-packages"
+    result, session = await run(
+        sb,
+        "import os\nout = {}\n"
+        f"for d in ('/', '/etc', '/dev', '/dev/shm', '/tmp', {str(site)!r}):\n"
+        "    n = 0\n"
+        "    try:\n"
+        "        for i in range(6):\n"
+        "            with open(os.path.join(d, f'fill{i}'), 'wb') as f: f.write(b'0' * (4 << 20))\n"
+        "            n += 4\n"
+        "    except OSError as e: pass\n"
+        "    out[d] = n\nout",
+    )
+    written = eval(result.output)
+    assert all(mb <= 8 for mb in written.values()), written
+    assert written["/tmp"] >= 4 and written["/dev/shm"] >= 4  # still usable
+    multi = await session.run(
+        "import glob, multiprocessing, os\nfor f in glob.glob('/dev/shm/fill*'): os.remove(f)\n"
+        "multiprocessing.Lock()\nprint('ok')"
+    )
+    assert multi.output == "ok\n", multi.error
+    session.close()

@@ -235,3 +235,16 @@ async def test_a_process_limit_is_reported(mode):
 def test_fallback_warning_names_what_is_not_protected():
     text = sandbox_mod.FALLBACK_WARNING
     assert "files" in text and "network" in text and "signal" in text
+
+
+async def test_an_exception_with_a_huge_message_is_cut_and_the_session_lives(sandbox):
+    session = await sandbox.session()
+    await session.run("x = 5")
+    result = await session.run("raise ValueError('y' * 10**6)")
+    assert result.alive and "SandboxError" not in result.error, result.error
+    assert result.error.splitlines()[-1].startswith("ValueError: yyy")
+    assert "characters cut" in result.error and len(result.error) <= 8192
+    line = await session.run("x = 1; s = '" + "z" * 10**6 + "'; 1 / 0")  # a huge source line
+    assert line.alive and line.error.endswith("ZeroDivisionError: division by zero")
+    assert (await session.run("print(x)")).output == "1\n"
+    session.close()
