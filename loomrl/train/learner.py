@@ -139,7 +139,9 @@ class Learner:
         if cfg.old_logprobs == "sampler":
             return batch.logprobs
         if cfg.old_logprobs != "learner":
-            raise ValueError(f"old_logprobs must be 'learner' or 'sampler', got {cfg.old_logprobs!r}")
+            raise ValueError(
+                f"old_logprobs must be 'learner' or 'sampler', got {cfg.old_logprobs!r}"
+            )
         if updates == 1:
             return None
         device = next(self.model.parameters()).device

@@ -41,7 +41,9 @@ def cpgd_loss(
 ) -> LossParts:
     """``Σ_t w_t ℓ_t`` as in the module docstring; every tensor ``[*]`` alike."""
     if not 0 <= clip_low < 1:
-        raise ValueError(f"cpgd clips ln ρ at ln(1 - clip_low): clip_low must be in [0, 1), got {clip_low}")
+        raise ValueError(
+            f"cpgd clips ln ρ at ln(1 - clip_low): clip_low must be in [0, 1), got {clip_low}"
+        )
     log_ratio = logp - old
     unclipped = -advantages * log_ratio
     bounded = log_ratio.clamp(math.log1p(-clip_low), math.log1p(clip_high))
