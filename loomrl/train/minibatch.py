@@ -21,14 +21,15 @@ def select(batch: Batch, first: int, end: int, *aligned: Tensor) -> tuple[Batch,
     """Samples ``[first, end)`` of ``batch`` as a batch of the same layout, and the same
     slice of each token-aligned tensor in ``aligned`` (shaped like ``batch.input_ids``).
 
-    Padded: the rows, minus the leading columns that only pad their prompts (so every
-    completion still starts at the new batch's prompt width). Packed: the columns of the
-    samples, with ``cu_seqlens`` shifted to start at 0. The whole range is ``batch``."""
+    Padded: the rows, minus the columns that only pad them (every completion still starts
+    at the new batch's prompt width): what ``pad`` makes of those samples. Packed: the
+    samples' columns, ``cu_seqlens`` shifted to start at 0. The whole range is ``batch``."""
     if (first, end) == (0, batch.num_samples):
         return batch, list(aligned)
     if batch.layout == "padded":
         start = batch.prompt_width - int(batch.prompt_lengths[first:end].max())
-        at: tuple[slice, slice] = (slice(first, end), slice(start, None))
+        stop = batch.prompt_width + int(batch.completion_lengths[first:end].max())
+        at: tuple[slice, slice] = (slice(first, end), slice(start, stop))
         cu = None
     else:
         assert batch.cu_seqlens is not None
