@@ -8,7 +8,14 @@ from pathlib import Path
 from typing import Any, Literal
 
 import tomli_w
-from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationInfo,
+    field_validator,
+    model_validator,
+)
 
 from loomrl.config import (
     MAX_EXAMPLES,
@@ -23,6 +30,7 @@ from loomrl.data import DataConfig
 from loomrl.models import DEFAULT_MODEL
 from loomrl.rollout.turn_rewards import TurnReward
 from loomrl.train.learner import LearnerConfig
+from loomrl.train.presets import Algorithm, apply_preset
 
 
 class TaskConfig(BaseModel):
@@ -45,7 +53,8 @@ class TaskConfig(BaseModel):
 
 class TrainConfig(BaseModel):
     """GRPO-style training: each step rolls out ``prompts_per_step`` examples ``n`` times,
-    turns them into advantages, takes one optimizer step and syncs the engine's weights."""
+    turns them into advantages, takes ``ppo_epochs`` × mini-batches optimizer steps (one by
+    default) and syncs the engine's weights. ``algorithm`` fills fields from a preset."""
 
     model_config = ConfigDict(extra="forbid")
 
@@ -90,6 +99,11 @@ class TrainConfig(BaseModel):
         0.0, ge=0, allow_inf_nan=False,
         description="launch prompts_per_step * (1 + this) groups; train on the first",
     )  # fmt: skip
+    algorithm: Algorithm | None = Field(
+        None,
+        description="preset: sets estimator, loss, aggregation, clip ranges and KL as the "
+        "algorithm's paper does (docs/training.md); fields set explicitly win",
+    )
     estimator: str = Field("grpo", description="advantage estimator (loomrl.algos registry)")
     estimator_options: dict[str, Any] = Field(default_factory=dict, description="its options")
     drop_zero_variance: bool = Field(False, description="drop groups whose rewards all agree")
@@ -119,6 +133,25 @@ class TrainConfig(BaseModel):
     is_cap: float | None = Field(
         2.0, gt=0, description="truncated importance weight cap for the sampler gap (None: off)"
     )
+    loss: Literal["pg", "gspo", "cpgd", "cispo"] = Field(
+        "pg",
+        description="policy loss: 'pg' token-level clipped PG, 'gspo' sequence-level ratio, "
+        "'cpgd' clipped log-ratio + policy drift, 'cispo' clipped IS weight on REINFORCE",
+    )
+    drift_coef: float = Field(
+        0.0, ge=0, allow_inf_nan=False, description="cpgd's policy-drift coefficient (α)"
+    )
+    ppo_epochs: int = Field(
+        1, ge=1, description="passes over each rollout batch (one optimizer step per mini-batch)"
+    )
+    mini_batch_size: int | None = Field(
+        None, ge=1, description="trajectories per optimizer step (None: the whole batch)"
+    )
+    old_logprobs: Literal["learner", "sampler"] = Field(
+        "learner",
+        description="π_old of the PPO ratio: the learner's recompute before the first update, "
+        "or the engine's sampling logprobs",
+    )
     micro_batch_tokens: int = Field(2048, ge=1, description="tokens per forward/backward")
     checkpoint_every: int = Field(10, ge=1, description="steps between checkpoints")
     report_every: int = Field(
@@ -129,6 +162,26 @@ class TrainConfig(BaseModel):
     )
     out: Path | None = Field(None, description="run directory (default runs/train-TIME)")
     engine_args: dict[str, Any] = Field(default_factory=dict, description="VLLMEngine args")
+
+    @model_validator(mode="before")
+    @classmethod
+    def _preset(cls, data: Any) -> Any:
+        """Fill the fields ``algorithm`` sets that the config leaves out."""
+        if not isinstance(data, dict):
+            return data
+        defaults = {name: f.default for name, f in cls.model_fields.items()}
+        return apply_preset(data, defaults)
+
+    @model_validator(mode="after")
+    def _loss_options_fit(self) -> TrainConfig:
+        if self.drift_coef and self.loss != "cpgd":
+            raise ValueError(f"drift_coef is cpgd's; loss = {self.loss!r} has no policy drift")
+        if self.loss == "cpgd" and self.clip_low >= 1:
+            raise ValueError(
+                f"loss = 'cpgd' clips ln ρ at ln(1 - clip_low): clip_low must be < 1, "
+                f"got {self.clip_low}"
+            )
+        return self
 
     @field_validator("prompts_per_step")
     @classmethod
@@ -197,6 +250,8 @@ class TrainConfig(BaseModel):
             kl_coef=self.kl_coef, is_cap=self.is_cap, temperature=self.temperature,
             max_tokens=self.micro_batch_tokens,
             autocast=None if self.autocast == "none" else self.autocast,
+            loss=self.loss, drift_coef=self.drift_coef, ppo_epochs=self.ppo_epochs,
+            mini_batch_size=self.mini_batch_size, old_logprobs=self.old_logprobs,
         )  # fmt: skip
 
 

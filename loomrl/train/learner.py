@@ -1,9 +1,15 @@
-"""The learner: one optimizer step of the clipped policy-gradient loss on an HF causal LM.
+"""The learner: PPO-style updates of a policy loss (``loomrl.train.losses``) on an HF causal LM.
 
-``Learner.step(batch)`` runs the batch in micro-batches of at most ``max_tokens`` tokens
-(gradient accumulation: the per-token weights are normalised over the whole batch, so
-the split never changes the gradient), clips the global gradient norm, and steps AdamW
-and the learning-rate schedule. Device-agnostic: the model's device is used as is.
+``Learner.step(batch)`` trains on one rollout batch: ``ppo_epochs`` passes over it in
+mini-batches of ``mini_batch_size`` samples, one optimizer step each (one step in all by
+default). Each mini-batch runs in micro-batches of at most ``max_tokens`` tokens (gradient
+accumulation: the per-token weights are normalised over the whole mini-batch, so the
+split never changes the gradient), clips the global gradient norm and steps AdamW; the
+learning-rate schedule steps once per batch. Device-agnostic: the model's device is used.
+
+The old policy of the ratio ρ = π_θ / π_old: with one update per batch it is the policy
+itself (``logp.detach()``, ρ = 1); with several, ``old_logprobs = "learner"`` recomputes
+it without gradients before the first update, ``"sampler"`` takes the engine's logprobs.
 """
 
 from __future__ import annotations
@@ -17,7 +23,9 @@ import torch
 from torch import Tensor
 
 from loomrl.experience import Batch, compute_logprobs, forward_scores, micro_batches
-from loomrl.train.loss import policy_loss, token_weights
+from loomrl.train import minibatch
+from loomrl.train.losses import compute as compute_loss
+from loomrl.train.losses import token_weights
 
 
 @dataclass(frozen=True)
@@ -39,6 +47,11 @@ class LearnerConfig:
     temperature: float = 1.0
     max_tokens: int = 2048
     autocast: str | None = "bfloat16"  # matmul dtype of forward/backward; weights keep theirs
+    loss: str = "pg"  # a name in loomrl.train.losses.LOSSES
+    drift_coef: float = 0.0  # cpgd's policy-drift coefficient α
+    ppo_epochs: int = 1
+    mini_batch_size: int | None = None  # samples per optimizer step; None: the whole batch
+    old_logprobs: str = "learner"  # "learner" (recomputed) | "sampler" (the engine's)
 
 
 def sample_of_token(batch: Batch) -> Tensor:
@@ -67,7 +80,8 @@ class Learner:
             lr=config.lr, betas=config.betas, weight_decay=config.weight_decay,
         )  # fmt: skip
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, self._lr_factor)
-        self.steps = 0
+        self.steps = 0  # rollout batches trained on (the schedule's clock)
+        self.updates = 0  # optimizer steps (ppo_epochs × mini-batches per batch)
 
     def _lr_factor(self, step: int) -> float:
         cfg = self.config
@@ -79,7 +93,8 @@ class Learner:
         return 0.1 + 0.9 * 0.5 * (1.0 + math.cos(math.pi * progress))
 
     def step(self, batch: Batch) -> dict[str, float]:
-        """One optimizer step on ``batch``; returns the step's metrics."""
+        """``ppo_epochs`` × mini-batches optimizer steps on ``batch``; the step's metrics:
+        the means over updates (``clip_fraction`` and ``approx_kl`` also their max)."""
         cfg, started = self.config, time.perf_counter()
         ref = None
         if cfg.kl_coef and self.reference is not None:
@@ -88,12 +103,63 @@ class Learner:
                 ref = compute_logprobs(
                     self.reference, batch, temperature=cfg.temperature, max_tokens=cfg.max_tokens
                 )
+        spans = minibatch.ranges(batch.num_samples, cfg.mini_batch_size)
+        old = self._old_logprobs(batch, cfg.ppo_epochs * len(spans))
+        lr = self.scheduler.get_last_lr()[0]
+        updates: list[dict[str, float]] = []
+        for _ in range(cfg.ppo_epochs):
+            for first, end in spans:
+                extra = [t for t in (old, ref) if t is not None]
+                sub, sliced = minibatch.select(batch, first, end, *extra)
+                sub_old = sliced.pop(0) if old is not None else None
+                sub_ref = sliced.pop(0) if ref is not None else None
+                updates.append(self._update(sub, sub_old, sub_ref))
+        self.scheduler.step()
+        self.steps += 1
+        mean = {k: sum(u[k] for u in updates) / len(updates) for k in updates[0]}
+        return {
+            **{k: mean[k] for k in ("loss", "kl", "is_weight", "entropy", "grad_norm")},
+            "clip_frac": mean["clip_fraction"],  # the report's name for clip_fraction
+            "clip_fraction": mean["clip_fraction"],
+            "clip_fraction_max": max(u["clip_fraction"] for u in updates),
+            "approx_kl": mean["approx_kl"],
+            "approx_kl_max": max(u["approx_kl"] for u in updates),
+            "ppo_updates": float(len(updates)),
+            "sampler_learner_abs_gap": mean["gap"],
+            "lr": lr,
+            "trained_tokens": float(batch.loss_mask.sum()),
+            "learner_s": time.perf_counter() - started,
+        }
+
+    def _old_logprobs(self, batch: Batch, updates: int) -> Tensor | None:
+        """π_old's logprobs for the whole batch, taken before any update: the sampler's,
+        or the learner's own recompute; None for a single learner update (each
+        micro-batch then uses its own ``logp.detach()``, the same values, no extra pass)."""
+        cfg = self.config
+        if cfg.old_logprobs == "sampler":
+            return batch.logprobs
+        if cfg.old_logprobs != "learner":
+            raise ValueError(
+                f"old_logprobs must be 'learner' or 'sampler', got {cfg.old_logprobs!r}"
+            )
+        if updates == 1:
+            return None
+        device = next(self.model.parameters()).device
+        with self._autocast(device):  # the numerics of the update's own forward pass
+            return compute_logprobs(
+                self.model, batch, temperature=cfg.temperature, max_tokens=cfg.max_tokens
+            )
+
+    def _update(self, batch: Batch, old: Tensor | None, ref: Tensor | None) -> dict[str, float]:
+        """One optimizer step on a (mini-)batch; its token-mean diagnostics."""
+        cfg = self.config
         owner = sample_of_token(batch)
         weights = token_weights(
             batch.loss_mask, owner, batch.num_samples, cfg.aggregation, cfg.constant_normaliser
         )
         mean_w = batch.loss_mask / batch.loss_mask.sum().clamp(min=1.0)  # metrics: token mean
-        totals = dict.fromkeys(("loss", "kl", "clip_frac", "is_weight", "entropy", "gap"), 0.0)
+        keys = ("loss", "kl", "clip_fraction", "is_weight", "entropy", "gap", "approx_kl")
+        totals = dict.fromkeys(keys, 0.0)
         self.model.train()
         self.optimizer.zero_grad(set_to_none=True)
         device = next(self.model.parameters()).device
@@ -101,38 +167,30 @@ class Learner:
             at = (mb.rows, mb.cols)
             with self._autocast(device):
                 logp, entropy = forward_scores(self.model, mb, temperature=cfg.temperature)
-            w = weights[at].to(device)
+            mb_old = logp.detach() if old is None else old[at].to(device)
             sampler = batch.logprobs[at].to(device)
-            parts = policy_loss(
-                logp, logp.detach(), batch.advantages[at].to(device), w,
-                clip_low=cfg.clip_low, clip_high=cfg.clip_high, sampler=sampler,
-                is_cap=cfg.is_cap, ref=None if ref is None else ref[at].to(device),
-                kl_coef=cfg.kl_coef,
+            parts = compute_loss(
+                cfg.loss, logp, mb_old, batch.advantages[at].to(device), weights[at].to(device),
+                owner=owner[at].to(device), clip_low=cfg.clip_low, clip_high=cfg.clip_high,
+                drift_coef=cfg.drift_coef, sampler=sampler, is_cap=cfg.is_cap,
+                ref=None if ref is None else ref[at].to(device), kl_coef=cfg.kl_coef,
             )  # fmt: skip
             if parts.loss.requires_grad:  # a micro-batch with nothing to score has no graph
                 parts.loss.backward()
             m = mean_w[at].to(device)
+            log_ratio = logp.detach() - mb_old  # k3 of KL(π_old ‖ π_θ): (ρ - 1) - ln ρ
             totals["loss"] += float(parts.loss.detach())
             totals["kl"] += float((m * parts.kl).sum())
-            totals["clip_frac"] += float((m * parts.clipped).sum())
+            totals["clip_fraction"] += float((m * parts.clipped).sum())
             totals["is_weight"] += float((m * parts.is_weight).sum())
             totals["entropy"] += float((m * entropy).sum()) if entropy is not None else 0.0
             totals["gap"] += float((m * (logp.detach() - sampler).abs()).sum())
+            totals["approx_kl"] += float((m * (log_ratio.exp() - 1 - log_ratio)).sum())
         params = [p for p in self.model.parameters() if p.requires_grad]
         grad_norm = torch.nn.utils.clip_grad_norm_(params, cfg.max_grad_norm)
-        lr = self.scheduler.get_last_lr()[0]
         self.optimizer.step()
-        self.scheduler.step()
-        self.steps += 1
-        gap = totals.pop("gap")
-        return {
-            **totals,
-            "sampler_learner_abs_gap": gap,
-            "grad_norm": float(grad_norm),
-            "lr": lr,
-            "trained_tokens": float(batch.loss_mask.sum()),
-            "learner_s": time.perf_counter() - started,
-        }
+        self.updates += 1
+        return {**totals, "grad_norm": float(grad_norm)}
 
     def _autocast(self, device: torch.device) -> Any:
         """Mixed precision: bf16 matmuls (AMX on recent CPUs, tensor cores on GPUs, ~4x
@@ -146,9 +204,11 @@ class Learner:
             "optimizer": self.optimizer.state_dict(),
             "scheduler": self.scheduler.state_dict(),
             "steps": self.steps,
+            "updates": self.updates,
         }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self.optimizer.load_state_dict(state["optimizer"])
         self.scheduler.load_state_dict(state["scheduler"])
         self.steps = int(state["steps"])
+        self.updates = int(state.get("updates", self.steps))  # older checkpoints: 1 per step

@@ -1,0 +1,53 @@
+"""What every policy loss shares: its result record and the common tail of the
+per-token loss (truncated importance weight for the sampler gap, KL to a reference)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor
+
+from loomrl.algos.kl import k3
+
+
+@dataclass(frozen=True)
+class LossParts:
+    """``loss`` (with autograd) and, detached, per-token diagnostics ``[*]``: ``kl`` (k3),
+    ``clipped`` (1 where the clip was active) and ``is_weight`` (1 without IS)."""
+
+    loss: Tensor
+    kl: Tensor
+    clipped: Tensor
+    is_weight: Tensor
+
+
+def finish(
+    per_token: Tensor,
+    clipped: Tensor,
+    logp: Tensor,
+    old: Tensor,
+    weights: Tensor,
+    *,
+    sampler: Tensor | None,
+    is_cap: float | None,
+    ref: Tensor | None,
+    kl_coef: float,
+) -> LossParts:
+    """``Σ_t w_t (ℓ_t · min(exp(old_t - sampler_t), C) + β · k3(logp_t, ref_t))``.
+
+    The truncated importance weight (Yao et al. 2025) corrects for the gap between the
+    engine's numerics and the learner's; it is a constant (no gradient)."""
+    is_weight = torch.ones_like(logp)
+    if is_cap is not None:
+        if sampler is None:
+            raise ValueError("truncated importance sampling (is_cap) needs sampler logprobs")
+        is_weight = torch.exp(old - sampler).clamp(max=is_cap).detach()
+        per_token = per_token * is_weight
+    kl = torch.zeros_like(logp)
+    if kl_coef:
+        if ref is None:
+            raise ValueError(f"kl_coef={kl_coef} needs reference logprobs")
+        kl = k3(logp, ref)
+    loss = (weights * (per_token + kl_coef * kl)).sum()
+    return LossParts(loss, kl.detach(), clipped.to(torch.float32), is_weight)

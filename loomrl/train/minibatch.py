@@ -1,0 +1,49 @@
+"""PPO mini-batches: consecutive runs of whole samples of a training batch, each a
+``Batch`` of its own (so its loss is normalised over its own tokens)."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+from torch import Tensor
+
+from loomrl.experience import Batch
+
+
+def ranges(num_samples: int, size: int | None) -> list[tuple[int, int]]:
+    """``[first, end)`` sample ranges of at most ``size`` samples (None: one range)."""
+    if size is None or size >= num_samples:
+        return [(0, num_samples)]
+    return [(i, min(i + size, num_samples)) for i in range(0, num_samples, size)]
+
+
+def select(batch: Batch, first: int, end: int, *aligned: Tensor) -> tuple[Batch, list[Tensor]]:
+    """Samples ``[first, end)`` of ``batch`` as a batch of the same layout, and the same
+    slice of each token-aligned tensor in ``aligned`` (shaped like ``batch.input_ids``).
+
+    Padded: the rows, minus the columns that only pad them (every completion still starts
+    at the new batch's prompt width): what ``pad`` makes of those samples. Packed: the
+    samples' columns, ``cu_seqlens`` shifted to start at 0. The whole range is ``batch``."""
+    if (first, end) == (0, batch.num_samples):
+        return batch, list(aligned)
+    if batch.layout == "padded":
+        start = batch.prompt_width - int(batch.prompt_lengths[first:end].max())
+        stop = batch.prompt_width + int(batch.completion_lengths[first:end].max())
+        at: tuple[slice, slice] = (slice(first, end), slice(start, stop))
+        cu = None
+    else:
+        assert batch.cu_seqlens is not None
+        at = (slice(0, 1), slice(int(batch.cu_seqlens[first]), int(batch.cu_seqlens[end])))
+        cu = batch.cu_seqlens[first : end + 1] - batch.cu_seqlens[first]
+    sub = replace(
+        batch,
+        input_ids=batch.input_ids[at], position_ids=batch.position_ids[at],
+        attention_mask=None if batch.attention_mask is None else batch.attention_mask[at],
+        cu_seqlens=cu, loss_mask=batch.loss_mask[at], logprobs=batch.logprobs[at],
+        advantages=batch.advantages[at], returns=batch.returns[at],
+        prompt_lengths=batch.prompt_lengths[first:end],
+        completion_lengths=batch.completion_lengths[first:end],
+        group_ids=batch.group_ids[first:end], example_ids=batch.example_ids[first:end],
+        policy_versions=batch.policy_versions[first:end], rewards=batch.rewards[first:end],
+    )  # fmt: skip
+    return sub, [t[at] for t in aligned]

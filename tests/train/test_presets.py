@@ -1,0 +1,114 @@
+"""Algorithm presets: each resolves to the values docs/training.md documents, an explicit
+field wins, an unknown name is one error line naming the known ones, and a run records
+the resolved values in its ``config.toml`` and trains with them (scripted engine, tiny
+model)."""
+
+from __future__ import annotations
+
+import json
+import tomllib
+import typing
+from pathlib import Path
+
+import pytest
+from pydantic import ValidationError
+from test_loop import config, engines  # noqa: F401  (the fixture)
+
+from loomrl.cli.output import one_line
+from loomrl.train.config import TrainConfig
+from loomrl.train.loop import train
+from loomrl.train.presets import PRESETS, Algorithm
+
+DOC = Path(__file__).parents[2] / "docs" / "training.md"
+COLUMNS = ("estimator", "estimator_options", "loss", "aggregation", "clip_low", "clip_high",
+           "kl_coef")  # fmt: skip
+
+
+def documented() -> dict[str, dict[str, typing.Any]]:
+    """The presets table of docs/training.md: algorithm -> field values (``also`` parsed
+    from ``field = value`` pairs)."""
+    lines = DOC.read_text().split("### Presets", 1)[1].splitlines()
+    rows = [line for line in lines if line.startswith("| `")]
+    table = {}
+    for line in rows:
+        cells = [c.strip().strip("`") for c in line.strip().strip("|").split("|")]
+        name, values, also = cells[0], cells[1:8], cells[8]
+        row = {
+            k: json.loads(v) if k == "estimator_options" else v
+            for k, v in zip(COLUMNS, values, strict=True)
+        }
+        for k in ("clip_low", "clip_high", "kl_coef"):
+            row[k] = float(row[k])
+        for pair in filter(None, (p.strip().strip("`") for p in also.split(";"))):
+            key, _, value = pair.partition(" = ")
+            row[key] = tomllib.loads(f"x = {value}")["x"] if "×" not in value else value
+        table[name] = row
+    return table
+
+
+def test_the_documented_table_names_every_preset():
+    assert sorted(documented()) == sorted(PRESETS) == sorted(typing.get_args(Algorithm))
+
+
+@pytest.mark.parametrize("name", sorted(PRESETS))
+def test_each_preset_resolves_to_its_documented_values(name):
+    resolved = TrainConfig(algorithm=name, max_tokens=48, max_turns=2)
+    for key, value in documented()[name].items():
+        if key == "constant_normaliser":  # "max_tokens × max_turns"
+            assert resolved.constant_normaliser == 96.0
+            continue
+        assert getattr(resolved, key) == value, key
+    plain = TrainConfig()  # every field a preset leaves alone keeps its default
+    untouched = set(TrainConfig.model_fields) - set(PRESETS[name][0]) - {
+        "algorithm", "constant_normaliser", "max_tokens", "max_turns"}  # fmt: skip
+    for key in untouched:
+        assert getattr(resolved, key) == getattr(plain, key), key
+
+
+def test_explicit_fields_win_over_the_preset(tmp_path):
+    path = tmp_path / "run.toml"
+    path.write_text('[train]\nalgorithm = "gspo"\nclip_high = 0.001\naggregation = "token-mean"\n')
+    c = TrainConfig.load(path)
+    assert (c.loss, c.clip_low, c.clip_high, c.aggregation) == ("gspo", 3e-4, 0.001, "token-mean")
+    c = TrainConfig(algorithm="dr_grpo", estimator="rloo", constant_normaliser=7.0)
+    assert c.estimator == "rloo" and c.estimator_options == {}  # grpo's options stay out
+    assert c.constant_normaliser == 7.0 and c.aggregation == "constant"
+    assert TrainConfig.load(path, {"seed": 3}).clip_high == 0.001
+
+
+def test_an_unknown_algorithm_is_one_line_naming_the_known_ones(tmp_path):
+    path = tmp_path / "run.toml"
+    path.write_text('[train]\nalgorithm = "ppo"\n')
+    with pytest.raises(ValidationError) as err:
+        TrainConfig.load(path)
+    line = one_line(err.value)
+    assert "\n" not in line and 'algorithm = "ppo"' in line
+    for name in PRESETS:
+        assert f"'{name}'" in line
+
+
+def test_loss_fields_that_do_not_fit_are_refused():
+    with pytest.raises(ValidationError, match="drift_coef is cpgd's; loss = 'pg'"):
+        TrainConfig(drift_coef=0.1)
+    with pytest.raises(ValidationError, match="clip_low must be < 1"):
+        TrainConfig(algorithm="cpgd", clip_low=1.0)
+    with pytest.raises(ValidationError, match="loss"):
+        TrainConfig(loss="ppo")
+
+
+@pytest.mark.parametrize("name", sorted(PRESETS))
+async def test_a_preset_run_records_its_resolved_values_and_trains(tmp_path, engines, name):  # noqa: F811
+    c = config(algorithm=name, steps=3, checkpoint_every=3, mini_batch_size=3)
+    rows = await train(c, tmp_path, make_engine=engines)
+    assert [r["step"] for r in rows] == [1, 2, 3]
+    recorded = tomllib.loads((tmp_path / "config.toml").read_text())
+    recorded = recorded.get("train", recorded)
+    for key in PRESETS[name][0]:
+        assert recorded[key] == getattr(c, key), key
+    assert TrainConfig.model_validate(recorded) == c  # reading it back changes nothing
+    trained = [r for r in rows if r.get("learner_s") is not None]
+    assert trained, "no step trained"
+    for row in trained:
+        mini_batches = -(-row["trained_trajectories"] // 3)  # ≤ 6 trajectories, 3 a mini-batch
+        assert row["ppo_updates"] == c.ppo_epochs * mini_batches
+        assert {"clip_fraction", "clip_fraction_max", "approx_kl", "approx_kl_max"} <= set(row)
