@@ -35,8 +35,11 @@ def assert_token_contract(chat: ChatTokenizer, row: dict) -> None:
         if m == 0 and start is not None:
             spans.append((start, i))
             start = None
-    assistant = [m["content"] for m in row["messages"] if m["role"] == "assistant"]
-    assert len(spans) == row["turns"] == len(assistant)
+    # The model's turns are the last ``turns`` assistant messages: an opening conversation
+    # (few-shot demos) may hold solved turns of its own, which are prompt tokens.
+    said = [m["content"] for m in row["messages"] if m["role"] == "assistant"]
+    assistant = said[len(said) - row["turns"] :]
+    assert len(spans) == row["turns"] == len(assistant) and len(said) >= row["turns"]
     eot = chat.decode(list(chat.end_of_turn_ids))
     for (a, b), content in zip(spans, assistant, strict=True):
         span_text = chat.decode(ids[a:b])
