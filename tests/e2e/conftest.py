@@ -1,6 +1,7 @@
 """Real-engine fixtures: vLLM on this machine's CPU (or a GPU) with real models.
 
-Each engine takes ~30 s to start on CPU, so one engine per model is shared by a module.
+Each engine takes ~30 s to start on CPU, so one engine per model is shared by the whole
+session (tests that change an engine's weights start their own).
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ pytestmark = pytest.mark.e2e
 os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")
 async def tiny_engine():
     from loomrl.engines.vllm import VLLMEngine
 
@@ -25,7 +26,7 @@ async def tiny_engine():
     await engine.close()
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")
 async def default_engine():
     from loomrl.engines.vllm import VLLMEngine
 
