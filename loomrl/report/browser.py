@@ -178,7 +178,9 @@ def browser_data(runs: Sequence[Run], max_texts: int) -> dict[str, Any]:
             messages = json.loads(row["messages"] or "[]")
             body = encode_tokens(row, decode) if decode else encode_messages(messages)
             body.update(x=json.loads(components[i] or "{}"), e=row.get("error"),
-                        f=row.get("finish_reasons") or [])  # fmt: skip
+                        f=row.get("finish_reasons") or [],
+                        r=row.get("turn_rewards") or [],
+                        m=json.loads(row.get("env_metrics") or "{}"))  # fmt: skip
             index[i] = len(texts)
             texts.append(body)
         text_of += index

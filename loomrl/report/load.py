@@ -25,7 +25,7 @@ SUMMARY_COLUMNS = (
 )  # fmt: skip
 DETAIL_COLUMNS = (
     "prompt_ids", "completion_ids", "logprobs", "loss_mask", "messages", "span_starts",
-    "span_versions", "finish_reasons", "error",
+    "span_versions", "finish_reasons", "error", "turn_rewards", "env_metrics",
 )  # fmt: skip
 
 

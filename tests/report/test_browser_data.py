@@ -98,3 +98,14 @@ def test_tool_calls_are_kept_in_message_text():
     assert body["s"][0][0] == 1 and "[tool calls]" in body["s"][0][1][0]
     assert body["s"][1] == [0, "tool: 4"]
     json.dumps(body)
+
+
+def test_per_turn_rewards_and_env_counts_travel_with_each_text(rollout_dir):
+    data = browser_data([load_run(rollout_dir)], max_texts=100)
+    run = load_run(rollout_dir)
+    rows = read_details(run, list(range(run.trajectories.num_rows)))
+    for i, row in enumerate(rows):
+        body = data["texts"][data["text_of"][i]]
+        assert body["r"] == row["turn_rewards"]
+        assert body["m"] == json.loads(row["env_metrics"])
+        assert len(body["r"]) >= 1  # guess_number answers every turn it is asked

@@ -144,6 +144,16 @@
       for (const [k, v] of comps) p.append(el("span", { class: "badge" }, `${k} ${(+v).toFixed(3)}`));
       box.append(p);
     }
+    if ((t.r || []).some((v) => v !== null)) {
+      const turns = t.r.map((v, i) => `${i + 1}: ${v === null ? "-" : (+v).toFixed(3)}`);
+      box.append(el("p", { class: "note" }, "per-turn rewards: " + turns.join(", ")));
+    }
+    const counted = Object.entries(t.m || {});
+    if (counted.length) {
+      const p = el("p", { class: "components" }, "env counted: ");
+      for (const [k, v] of counted) p.append(el("span", { class: "badge" }, `${k} ${+(+v).toFixed(3)}`));
+      box.append(p);
+    }
     if (t.e) box.append(el("p", { class: "st-error" }, "error: " + t.e));
     if (t.f && t.f.length) box.append(el("p", { class: "note" }, "span finish reasons: " + t.f.join(", ")));
     const colour = byId("f-colour").checked;
