@@ -36,6 +36,8 @@ DOCUMENTED_COLUMNS = [
     ("span_ends", "list<item: int32>"),
     ("span_versions", "list<item: int64>"),
     ("finish_reasons", "list<item: string>"),
+    ("turn_rewards", "list<item: double>"),
+    ("env_metrics", "string"),
 ]
 
 

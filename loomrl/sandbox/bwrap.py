@@ -75,6 +75,10 @@ def command(
     for path in SYSTEM_FILES:
         if os.path.isfile(path):
             cmd += ["--ro-bind", path, path]
+    # The private /tmp first: an interpreter or a venv that lives under the host's /tmp is
+    # bound on top of it, not hidden by it.
+    size = ["--size", str(tmp_mb * 2**20)]
+    cmd += [*size, "--tmpfs", "/tmp"]
     for path in (python.prefix, os.path.dirname(python.executable), python.stdlib):
         if not _under(path, bound):
             cmd += ["--ro-bind", path, path]
@@ -86,8 +90,7 @@ def command(
     if site_packages:
         for path in python.site_packages:
             cmd += ["--ro-bind", path, path]
-    size = ["--size", str(tmp_mb * 2**20)]
-    cmd += [*size, "--tmpfs", "/tmp", "--proc", "/proc", "--dev", "/dev"]
+    cmd += ["--proc", "/proc", "--dev", "/dev"]
     cmd += [*size, "--tmpfs", "/dev/shm"]  # multiprocessing's semaphores live there
     # Every other writable mount is an uncapped tmpfs (host memory): make them read-only.
     cmd += ["--remount-ro", "/dev", "--remount-ro", "/"]

@@ -17,7 +17,7 @@ pytestmark = pytest.mark.e2e
 os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="module")  # one module uses it; an idle engine still costs CPU
 async def tiny_engine():
     from loomrl.engines.vllm import VLLMEngine
 

@@ -212,6 +212,11 @@ def test_the_bwrap_command_binds_only_the_system_and_the_interpreter():
     assert not any(path in binds for path in python.site_packages if path not in python.prefix)
     with_site = bwrap_mod.command(python, [], tmp_mb=8, site_packages=True, env={})
     assert all(path in with_site for path in python.site_packages)
+    # A venv (or interpreter) under the host's /tmp is bound on top of the private /tmp,
+    # not hidden by it: the tmpfs comes before every bind of the interpreter's paths.
+    tmp_at = with_site.index("/tmp")
+    for path in (*python.site_packages, python.prefix):
+        assert with_site.index(path) > tmp_at, path
 
 
 async def test_site_packages_only_when_asked(mode, make_sandbox):
