@@ -8,7 +8,7 @@ run: setup
 	.venv/bin/loomrl rollout --env arith --model smollm2-135m-instruct --examples 16 --n 4 --max-tokens 48 --out runs/quickstart --overwrite
 
 test: setup
-	.venv/bin/python -m pytest -q -n 2 --dist loadgroup --durations=15
+	.venv/bin/python -m pytest -q --durations=15
 
 lint: setup
 	.venv/bin/ruff check loomrl tests benchmarks

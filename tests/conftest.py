@@ -48,11 +48,3 @@ def check_contract(tokenizer, chat):
     """Assert the token contract of one finished trajectory (tests/contract.py)."""
     return lambda traj: contract_of(tokenizer, chat, traj)
 
-
-def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """With ``pytest -n 2 --dist loadgroup`` (``make test``), every real-engine test runs in
-    one worker, one after the other (they share one engine per process and each engine
-    wants the machine's cores), while the other worker runs the fast tests beside them."""
-    for item in items:
-        if item.get_closest_marker("e2e") is not None:
-            item.add_marker(pytest.mark.xdist_group("vllm"))
