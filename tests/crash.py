@@ -120,6 +120,21 @@ def kill_when(
             _kill_session(child)
 
 
+def run_session(cmd: list[str], *, timeout: float) -> subprocess.CompletedProcess[str]:
+    """``subprocess.run(cmd, capture_output=True, text=True)`` in a session of its own,
+    which is killed whole afterwards however the call ends (a timeout, pytest-timeout's
+    interrupt, or the command exiting while a child of it, e.g. vLLM's engine core, lives
+    on): a test never leaves an engine behind."""
+    child = subprocess.Popen(
+        cmd, start_new_session=True, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+    )
+    try:
+        out, err = child.communicate(timeout=timeout)
+    finally:
+        _kill_session(child)
+    return subprocess.CompletedProcess(cmd, child.returncode, out, err)
+
+
 def _kill_session(child: subprocess.Popen[Any]) -> None:
     with contextlib.suppress(ProcessLookupError):  # the session is gone already
         os.killpg(child.pid, signal.SIGKILL)

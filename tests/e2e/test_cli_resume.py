@@ -5,11 +5,10 @@ kept, in-flight trajectories continued from their unchanged token prefix."""
 from __future__ import annotations
 
 import json
-import subprocess
 import sys
 
 import pytest
-from crash import check_resumed, kill_mid_production
+from crash import check_resumed, kill_mid_production, run_session
 
 from loomrl.runs import read_trajectories
 
@@ -29,14 +28,10 @@ def test_sigkilled_cli_rollout_resumes_exactly(tmp_path):
     seen = kill_mid_production(start, run_dir, timeout=600)  # a busy CI machine is slow
     assert not (run_dir / "trajectories.parquet").exists()
 
-    refused = subprocess.run(
-        [*cli, "--resume", str(run_dir), "--n", "3"], capture_output=True, text=True, timeout=120
-    )
+    refused = run_session([*cli, "--resume", str(run_dir), "--n", "3"], timeout=120)
     assert refused.returncode == 2 and "--resume continues" in refused.stderr
 
-    done = subprocess.run(
-        [*cli, "--resume", str(run_dir)], capture_output=True, text=True, timeout=600
-    )
+    done = run_session([*cli, "--resume", str(run_dir)], timeout=600)
     assert done.returncode == 0, done.stderr[-3000:]
     check_resumed(read_trajectories(run_dir / "trajectories.parquet"), seen, EXAMPLES, N)
     metrics = json.loads((run_dir / "metrics.json").read_text())

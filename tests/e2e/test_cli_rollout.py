@@ -7,6 +7,7 @@ import sys
 import tomllib
 
 import pytest
+from crash import run_session
 
 from loomrl.runs import TRAJECTORY_SCHEMA, read_trajectories
 
@@ -20,7 +21,7 @@ def test_cli_rollout_writes_a_complete_run_directory(tmp_path):
         "--env", "guess_number", "--examples", "3", "--n", "2", "--max-tokens", "8",
         "--max-len", "512", "--out", str(out),
     ]  # fmt: skip
-    done = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
+    done = run_session(cmd, timeout=600)
     assert done.returncode == 0, done.stderr[-3000:]
     assert "rollout summary" in done.stdout
     assert "sample: example" in done.stdout  # one conversation is shown to the user
