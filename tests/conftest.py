@@ -47,4 +47,3 @@ async def make_engine(tokenizer):
 def check_contract(tokenizer, chat):
     """Assert the token contract of one finished trajectory (tests/contract.py)."""
     return lambda traj: contract_of(tokenizer, chat, traj)
-

@@ -9,11 +9,11 @@ import os
 import random
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import psutil
 import pytest
+from sandboxes import sandbox_processes, wait_until
 
 from loomrl import Status, rollout
 from loomrl.envs import load
@@ -30,26 +30,8 @@ def call(code: str) -> str:
 
 
 def sandboxed(host: int | None = None) -> list[psutil.Process]:
-    """Live processes on the machine that carry the command-line marker of the sandboxes
-    that process ``host`` (default: this one) started."""
-    marker = f"loomrl-sandbox:{host or os.getpid()}:"
-    found = []
-    for proc in psutil.process_iter(["cmdline", "status"]):
-        try:
-            if proc.info["status"] != psutil.STATUS_ZOMBIE and any(
-                marker in part for part in proc.info["cmdline"] or ()
-            ):
-                found.append(proc)
-        except psutil.Error:
-            pass
-    return found
-
-
-def settle(predicate, timeout: float = 5.0) -> bool:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline and not predicate():
-        time.sleep(0.02)
-    return predicate()
+    """Live sandboxed processes that process ``host`` (default: this one) started."""
+    return sandbox_processes(f"loomrl-sandbox:{host or os.getpid()}:")
 
 
 @pytest.fixture(params=MODES)
@@ -163,7 +145,7 @@ async def test_no_interpreter_outlives_a_rollout_that_raises(mode, make_engine):
 
     with pytest.raises(RuntimeError, match="the engine broke"):
         await rollout(make_engine(reply), env, [{"question": "q", "answer": 0}] * 3)
-    assert settle(lambda: not sandboxed())
+    assert wait_until(lambda: not sandboxed())
     assert env.sandbox.stats["sessions"] == 0
 
 
@@ -176,7 +158,7 @@ def test_no_interpreter_outlives_a_killed_rollout(mode):
     assert child.returncode == -9, err[-2000:]
     assert "running" in out
     left = lambda: sandboxed(child.pid)  # noqa: E731
-    assert settle(lambda: not left(), timeout=10), [p.cmdline()[-1] for p in left()]
+    assert wait_until(lambda: not left(), timeout=10), [p.cmdline()[-1] for p in left()]
 
 
 def test_loaded_by_name_with_env_args():

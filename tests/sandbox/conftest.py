@@ -6,10 +6,10 @@ rlimit-only fallback runs everywhere."""
 from __future__ import annotations
 
 import os
-import time
 
 import psutil
 import pytest
+from sandboxes import sandbox_processes, wait_until  # noqa: F401 (the sandbox tests' too)
 
 from loomrl.sandbox import Sandbox, SandboxConfig
 from loomrl.sandbox import bwrap as bwrap_mod
@@ -30,29 +30,6 @@ def descendants() -> set[int]:
         except psutil.Error:
             pass
     return pids
-
-
-def sandbox_processes(tag: str = "loomrl-sandbox:") -> list[psutil.Process]:
-    """Every process on the machine whose command line carries the sandbox marker."""
-    found = []
-    for proc in psutil.process_iter(["cmdline", "status"]):
-        try:
-            if proc.info["status"] != psutil.STATUS_ZOMBIE and any(
-                tag in part for part in proc.info["cmdline"] or ()
-            ):
-                found.append(proc)
-        except psutil.Error:
-            pass
-    return found
-
-
-def wait_until(predicate, timeout: float = 5.0) -> bool:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if predicate():
-            return True
-        time.sleep(0.02)
-    return predicate()
 
 
 def require(mode: str) -> None:
