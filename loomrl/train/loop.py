@@ -146,12 +146,13 @@ async def train(
             # Synced even after a skipped learner step: versions count steps, which is
             # what the staleness bound is measured in. Every sync_weights_interval steps
             # only: the engine's version then lags, and the buffer measures staleness by it.
-            sync_s = 0.0
-            if (step + 1) % config.sync_weights_interval == 0 or step + 1 == config.steps:
+            sync_s, synced = 0.0, (step + 1) % config.sync_weights_interval == 0
+            if synced or step + 1 == config.steps:
                 sync_s = await producer.update_weights(model.state_dict(), version=step + 1)
+                synced = True
             production = _producer_row(buffer)
             row.update(
-                step=step + 1, rollout_s=rollout_s, sync_s=sync_s,
+                step=step + 1, rollout_s=rollout_s, sync_s=sync_s, weights_synced=synced,
                 step_s=time.perf_counter() - started, policy_version=engine.policy_version,
                 **_rollout_metrics(trajs, production, rows[-1] if rows else None), **production,
                 **{k: v for task in tasks for k, v in task.env.run_info().items()},
