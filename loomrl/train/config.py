@@ -232,9 +232,9 @@ class TrainConfig(BaseModel):
                 f"overlong_buffer = {self.overlong_buffer} exceeds the overlong limit "
                 f"{self.overlong_limit()} (overlong_max_tokens, or max_tokens × max_turns)"
             )
-        fields = self.model_fields_set
-        for name in ("overlong_penalty_factor", "overlong_max_tokens"):
-            if name in fields and not self.overlong_buffer:
+        off = {"overlong_penalty_factor": 1.0, "overlong_max_tokens": None}  # the defaults
+        for name, default in off.items():
+            if getattr(self, name) != default and not self.overlong_buffer:
                 raise ValueError(f"{name} needs overlong_buffer > 0 (the penalty is off)")
         needs_ref = [n for n in ("kl_target", "ref_refresh_every") if getattr(self, n)]
         needs_ref += ["kl_in = 'reward'"] if self.kl_in == "reward" else []

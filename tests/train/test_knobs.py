@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import copy
 import math
+import tomllib
 
 import pytest
 import torch
@@ -237,3 +238,21 @@ def test_the_entropy_bonus_lowers_the_loss_by_its_weighted_entropy(model):
     assert rows[0.5]["loss"] == pytest.approx(expected, rel=1e-4)
     assert rows[0.5]["grad_norm"] != pytest.approx(rows[0.0]["grad_norm"])
     assert math.isfinite(rows[0.5]["entropy"]) and rows[0.5]["micro_batches"] >= 1
+
+
+def test_a_config_with_every_knob_reads_back_from_its_config_toml_unchanged():
+    import tomli_w
+
+    from loomrl.runs import toml_ready
+
+    config = TrainConfig(
+        reward_norm="running", reward_clip=2.0, whiten_advantages=True, advantage_clip=3.0,
+        overlong_buffer=8, overlong_penalty_factor=0.5, overlong_max_tokens=40, kl_coef=0.1,
+        kl_estimator="k2", kl_in="reward", kl_target=0.02, kl_horizon=500, entropy_coef=0.01,
+        ref_refresh_every=5, sync_weights_interval=2,
+    )  # fmt: skip
+    text = tomli_w.dumps(toml_ready(config.model_dump(mode="json")))
+    assert TrainConfig.model_validate(tomllib.loads(text)) == config
+    plain = TrainConfig()  # and one with none: the defaults read back too
+    text = tomli_w.dumps(toml_ready(plain.model_dump(mode="json")))
+    assert TrainConfig.model_validate(tomllib.loads(text)) == plain
