@@ -120,10 +120,16 @@ def forward_logprobs(model: torch.nn.Module, mb: MicroBatch, *, temperature: flo
 
 
 def forward_scores(
-    model: torch.nn.Module, mb: MicroBatch, *, temperature: float = 1.0, entropy: bool = True
+    model: torch.nn.Module,
+    mb: MicroBatch,
+    *,
+    temperature: float = 1.0,
+    entropy: bool = True,
+    entropy_grad: bool = False,
 ) -> tuple[Tensor, Tensor | None]:
-    """``forward_logprobs`` plus, if ``entropy``, the detached entropy ``[b, n]`` of each
-    wanted token's predictive distribution (the learner logs it)."""
+    """``forward_logprobs`` plus, if ``entropy``, the entropy ``[b, n]`` of each wanted
+    token's predictive distribution: detached (the learner logs it), or with autograd when
+    ``entropy_grad`` (an entropy bonus in the loss)."""
     if temperature <= 0:
         raise ValueError(f"temperature must be > 0 to score tokens, got {temperature}")
     device = next(model.parameters()).device
@@ -145,7 +151,7 @@ def forward_scores(
     else:
         logits = model(**inputs).logits[:, cols]  # [b, k, V]
     targets = inputs["input_ids"][:, cols + 1]  # [b, k]
-    picked, spread = _target_logprobs(logits, targets, temperature, entropy)  # [b, k]
+    picked, spread = _target_logprobs(logits, targets, temperature, entropy, entropy_grad)
     where = (torch.arange(b, device=device)[:, None], (cols + 1)[None, :])
     zeros = torch.zeros_like(out)
     logprobs = torch.where(want, out.index_put(where, picked), zeros)
@@ -155,7 +161,7 @@ def forward_scores(
 
 
 def _target_logprobs(
-    logits: Tensor, targets: Tensor, temperature: float, entropy: bool
+    logits: Tensor, targets: Tensor, temperature: float, entropy: bool, grad: bool = False
 ) -> tuple[Tensor, Tensor | None]:
     """``log_softmax(logits / T)[target]`` in float32 (and the detached entropy), in row
     chunks to bound memory."""
@@ -170,7 +176,7 @@ def _target_logprobs(
         picked = chunk.gather(1, flat_targets[start : start + SOFTMAX_CHUNK_ROWS, None])[:, 0]
         pieces.append(picked - norm)
         if entropy:
-            with torch.no_grad():
+            with torch.set_grad_enabled(grad and torch.is_grad_enabled()):
                 logp = chunk - norm[:, None]
                 spreads.append(-(logp.exp() * logp).sum(dim=1))
     spread = torch.cat(spreads).reshape(b, k) if entropy else None

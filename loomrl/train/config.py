@@ -128,7 +128,7 @@ class TrainConfig(BaseModel):
         1024.0, gt=0, allow_inf_nan=False, description="Dr. GRPO's constant"
     )
     kl_coef: float = Field(
-        0.0, ge=0, allow_inf_nan=False, description="k3 KL to the initial model (0: no reference)"
+        0.0, ge=0, allow_inf_nan=False, description="β of the KL to the reference (0: no reference)"
     )
     is_cap: float | None = Field(
         2.0, gt=0, description="truncated importance weight cap for the sampler gap (None: off)"
@@ -153,6 +153,41 @@ class TrainConfig(BaseModel):
         "or the engine's sampling logprobs",
     )
     micro_batch_tokens: int = Field(2048, ge=1, description="tokens per forward/backward")
+    # Shaping, KL and sync knobs (loomrl.train.shaping; docs/training.md "Knobs").
+    reward_norm: Literal["none", "batch", "running"] = Field(
+        "none", description="normalise rewards by the step's or a running mean and std"
+    )
+    reward_clip: tuple[float, float] | float | None = Field(
+        None, description="clip rewards to [low, high], or to [-b, b] for a bound b"
+    )
+    whiten_advantages: bool = Field(False, description="whiten advantages over the batch")
+    advantage_clip: float | None = Field(
+        None, gt=0, allow_inf_nan=False, description="clip advantages to [-c, c]"
+    )
+    overlong_buffer: int = Field(
+        0, ge=0, description="DAPO overlong penalty ramp: the last N tokens of the limit (0: off)"
+    )
+    overlong_penalty_factor: float = Field(
+        1.0, ge=0, allow_inf_nan=False, description="the overlong penalty at the limit"
+    )
+    overlong_max_tokens: int | None = Field(
+        None, ge=1, description="the overlong limit L_max (default max_tokens × max_turns)"
+    )
+    kl_estimator: Literal["k1", "k2", "k3"] = Field("k3", description="per-token KL estimator")
+    kl_in: Literal["loss", "reward"] = Field(
+        "loss", description="KL to the reference as a loss term or a per-token reward penalty"
+    )
+    kl_target: float | None = Field(
+        None, gt=0, allow_inf_nan=False, description="adapt kl_coef towards this KL (None: fixed)"
+    )
+    kl_horizon: int = Field(10000, ge=1, description="the adaptive KL controller's horizon")
+    entropy_coef: float = Field(0.0, ge=0, allow_inf_nan=False, description="entropy bonus")
+    ref_refresh_every: int | None = Field(
+        None, ge=1, description="reference <- current policy every N steps (None: never)"
+    )
+    sync_weights_interval: int = Field(
+        1, ge=1, description="push the policy into the engine every k steps"
+    )
     checkpoint_every: int = Field(10, ge=1, description="steps between checkpoints")
     report_every: int = Field(
         10, ge=0, description="steps between refreshes of report.html (0: only at the end)"
@@ -182,6 +217,42 @@ class TrainConfig(BaseModel):
                 f"got {self.clip_low}"
             )
         return self
+
+    @model_validator(mode="after")
+    def _knobs_fit(self) -> TrainConfig:
+        """The shaping, KL and sync knobs' cross-field rules (each names its fields)."""
+        if isinstance(self.reward_clip, (int, float)):
+            if self.reward_clip <= 0:
+                raise ValueError(f"reward_clip = {self.reward_clip}: a bound must be > 0")
+            self.reward_clip = (-float(self.reward_clip), float(self.reward_clip))
+        if self.reward_clip is not None and not self.reward_clip[0] < self.reward_clip[1]:
+            raise ValueError(f"reward_clip = {list(self.reward_clip)}: need low < high")
+        if self.overlong_buffer > self.overlong_limit():
+            raise ValueError(
+                f"overlong_buffer = {self.overlong_buffer} exceeds the overlong limit "
+                f"{self.overlong_limit()} (overlong_max_tokens, or max_tokens × max_turns)"
+            )
+        off = {"overlong_penalty_factor": 1.0, "overlong_max_tokens": None}  # the defaults
+        for name, default in off.items():
+            if getattr(self, name) != default and not self.overlong_buffer:
+                raise ValueError(f"{name} needs overlong_buffer > 0 (the penalty is off)")
+        needs_ref = [n for n in ("kl_target", "ref_refresh_every") if getattr(self, n)]
+        needs_ref += ["kl_in = 'reward'"] if self.kl_in == "reward" else []
+        if needs_ref and not self.kl_coef:
+            raise ValueError(f"{', '.join(needs_ref)} needs a reference: set kl_coef > 0")
+        lag = self.sync_weights_interval - 1
+        if lag > self.max_staleness:
+            raise ValueError(
+                f"sync_weights_interval = {self.sync_weights_interval} lets the engine's "
+                f"policy lag {lag} steps behind training: max_staleness must be >= {lag}, "
+                f"got {self.max_staleness}"
+            )
+        return self
+
+    def overlong_limit(self) -> int:
+        """L_max of the overlong penalty: ``overlong_max_tokens``, or the generation
+        budget ``max_tokens × max_turns`` (one turn when unset)."""
+        return self.overlong_max_tokens or self.max_tokens * (self.max_turns or 1)
 
     @field_validator("prompts_per_step")
     @classmethod
@@ -252,6 +323,7 @@ class TrainConfig(BaseModel):
             autocast=None if self.autocast == "none" else self.autocast,
             loss=self.loss, drift_coef=self.drift_coef, ppo_epochs=self.ppo_epochs,
             mini_batch_size=self.mini_batch_size, old_logprobs=self.old_logprobs,
+            kl_estimator=self.kl_estimator, entropy_coef=self.entropy_coef,
         )  # fmt: skip
 
 

@@ -52,6 +52,8 @@ class LearnerConfig:
     ppo_epochs: int = 1
     mini_batch_size: int | None = None  # samples per optimizer step; None: the whole batch
     old_logprobs: str = "learner"  # "learner" (recomputed) | "sampler" (the engine's)
+    kl_estimator: str = "k3"  # of the KL-in-loss term: "k1" | "k2" | "k3"
+    entropy_coef: float = 0.0  # entropy bonus: the loss minus c · Σ_t w_t H_t
 
 
 def sample_of_token(batch: Batch) -> Tensor:
@@ -125,6 +127,7 @@ class Learner:
             "approx_kl": mean["approx_kl"],
             "approx_kl_max": max(u["approx_kl"] for u in updates),
             "ppo_updates": float(len(updates)),
+            "micro_batches": mean["micro_batches"],
             "sampler_learner_abs_gap": mean["gap"],
             "lr": lr,
             "trained_tokens": float(batch.loss_mask.sum()),
@@ -159,6 +162,7 @@ class Learner:
         )
         mean_w = batch.loss_mask / batch.loss_mask.sum().clamp(min=1.0)  # metrics: token mean
         keys = ("loss", "kl", "clip_fraction", "is_weight", "entropy", "gap", "approx_kl")
+        micro = 0  # gradient accumulation: micro-batches summed into this optimizer step
         totals = dict.fromkeys(keys, 0.0)
         self.model.train()
         self.optimizer.zero_grad(set_to_none=True)
@@ -166,7 +170,9 @@ class Learner:
         for mb in micro_batches(batch, cfg.max_tokens):
             at = (mb.rows, mb.cols)
             with self._autocast(device):
-                logp, entropy = forward_scores(self.model, mb, temperature=cfg.temperature)
+                logp, entropy = forward_scores(
+                    self.model, mb, temperature=cfg.temperature, entropy_grad=cfg.entropy_coef > 0
+                )
             mb_old = logp.detach() if old is None else old[at].to(device)
             sampler = batch.logprobs[at].to(device)
             parts = compute_loss(
@@ -174,12 +180,18 @@ class Learner:
                 owner=owner[at].to(device), clip_low=cfg.clip_low, clip_high=cfg.clip_high,
                 drift_coef=cfg.drift_coef, sampler=sampler, is_cap=cfg.is_cap,
                 ref=None if ref is None else ref[at].to(device), kl_coef=cfg.kl_coef,
+                kl_estimator=cfg.kl_estimator,
             )  # fmt: skip
-            if parts.loss.requires_grad:  # a micro-batch with nothing to score has no graph
-                parts.loss.backward()
+            loss = parts.loss
+            if cfg.entropy_coef and entropy is not None:  # bonus: higher entropy, lower loss
+                loss = loss - cfg.entropy_coef * (weights[at].to(device) * entropy).sum()
+                entropy = entropy.detach()
+            micro += 1
+            if loss.requires_grad:  # a micro-batch with nothing to score has no graph
+                loss.backward()
             m = mean_w[at].to(device)
             log_ratio = logp.detach() - mb_old  # k3 of KL(π_old ‖ π_θ): (ρ - 1) - ln ρ
-            totals["loss"] += float(parts.loss.detach())
+            totals["loss"] += float(loss.detach())
             totals["kl"] += float((m * parts.kl).sum())
             totals["clip_fraction"] += float((m * parts.clipped).sum())
             totals["is_weight"] += float((m * parts.is_weight).sum())
@@ -190,7 +202,7 @@ class Learner:
         grad_norm = torch.nn.utils.clip_grad_norm_(params, cfg.max_grad_norm)
         self.optimizer.step()
         self.updates += 1
-        return {**totals, "grad_norm": float(grad_norm)}
+        return {**totals, "grad_norm": float(grad_norm), "micro_batches": float(micro)}
 
     def _autocast(self, device: torch.device) -> Any:
         """Mixed precision: bf16 matmuls (AMX on recent CPUs, tensor cores on GPUs, ~4x

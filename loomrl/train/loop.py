@@ -22,7 +22,6 @@ import torch
 from loomrl.data import Drawn, Fingerprint, check_record, draw, write_record
 from loomrl.envs import Environment
 from loomrl.envs import load as load_env
-from loomrl.experience import make_experience
 from loomrl.experience.files import check_estimator
 from loomrl.models import resolve
 from loomrl.producer import AsyncProducer, ProducerConfig, ReplayBuffer, SyncProducer, Task
@@ -42,6 +41,7 @@ from loomrl.train.checkpoint import (
 from loomrl.train.config import TrainConfig, example_pool
 from loomrl.train.learner import Learner
 from loomrl.train.loggers import open_sinks
+from loomrl.train.shaping import Shaper
 from loomrl.types import SamplingParams, Trajectory
 
 StepCallback = Callable[[dict[str, Any]], None]
@@ -115,6 +115,9 @@ async def train(
     learner = Learner(model, config.learner(), reference)
     if learner_state is not None:
         learner.load_state_dict(learner_state)
+    shaper = Shaper(config, learner)
+    if learner_state is not None:
+        shaper.load_state_dict(learner_state.get("shaping", {}), start)
     if overwrite and not resume:
         clear_run(out)
     buffer = _open_buffer(out, start)
@@ -138,13 +141,18 @@ async def train(
             flat = [t for g in groups for t in g.trajectories()]
             rollout_s = time.perf_counter() - started
             trajs = Rollouts(flat, compute_metrics(flat, config.n, rollout_s))
-            row = _step(config, learner, trajs, tokenizer.pad_token_id or 0)
+            row = _step(config, learner, trajs, tokenizer.pad_token_id or 0, shaper)
+            shaper.after_step(step + 1, row)
             # Synced even after a skipped learner step: versions count steps, which is
-            # what the staleness bound is measured in.
-            sync_s = await producer.update_weights(model.state_dict(), version=step + 1)
+            # what the staleness bound is measured in. Every sync_weights_interval steps
+            # only: the engine's version then lags, and the buffer measures staleness by it.
+            sync_s, synced = 0.0, (step + 1) % config.sync_weights_interval == 0
+            if synced or step + 1 == config.steps:
+                sync_s = await producer.update_weights(model.state_dict(), version=step + 1)
+                synced = True
             production = _producer_row(buffer)
             row.update(
-                step=step + 1, rollout_s=rollout_s, sync_s=sync_s,
+                step=step + 1, rollout_s=rollout_s, sync_s=sync_s, weights_synced=synced,
                 step_s=time.perf_counter() - started, policy_version=engine.policy_version,
                 **_rollout_metrics(trajs, production, rows[-1] if rows else None), **production,
                 **{k: v for task in tasks for k, v in task.env.run_info().items()},
@@ -158,9 +166,8 @@ async def train(
             if on_step is not None:
                 on_step(row)
             if (step + 1) % config.checkpoint_every == 0 or step + 1 == config.steps:
-                save_checkpoint(
-                    out, step + 1, model, tokenizer, learner.state_dict(), run_id=run_id
-                )
+                state = {**learner.state_dict(), "shaping": shaper.state_dict(step + 1)}
+                save_checkpoint(out, step + 1, model, tokenizer, state, run_id=run_id)
     finally:
         await producer.close()
         await engine.close()
@@ -246,17 +253,16 @@ def _checkpoint_dtype(model_dir: Path) -> str:
 
 
 def _step(
-    config: TrainConfig, learner: Learner, trajs: list[Trajectory], pad_id: int
+    config: TrainConfig, learner: Learner, trajs: list[Trajectory], pad_id: int, shaper: Shaper
 ) -> dict[str, Any]:
-    """Experience and one learner step; a batch with nothing to learn skips the step."""
+    """Experience (shaped: ``loomrl.train.shaping``) and one learner step; a batch with
+    nothing to learn skips the step."""
     t0 = time.perf_counter()
-    exp = make_experience(
-        trajs, config.estimator, options=config.estimator_options,
-        drop_zero_variance=config.drop_zero_variance,
-    )  # fmt: skip
+    exp, shaped = shaper.experience(trajs, pad_id)
     row: dict[str, Any] = {
         "trained_trajectories": len(exp.trajectories),
         "zero_variance_groups": exp.stats["zero_variance_groups_dropped"],
+        **shaped,
     }
     if not exp.trajectories or exp.stats.get("trained_tokens", 0) == 0:
         return {**row, "experience_s": time.perf_counter() - t0, "learner_s": None}

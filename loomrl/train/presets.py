@@ -34,8 +34,9 @@ PRESETS: dict[str, tuple[dict[str, Any], str]] = {
          "aggregation": "token-mean", "clip_low": 0.2, "clip_high": 0.28, "kl_coef": 0.0,
          "drop_zero_variance": True},
         "DAPO (Yu et al. 2025): clip-higher (0.2 / 0.28), token-level mean, no KL, groups "
-        "whose rewards all agree dropped (dynamic sampling without refill); the overlong "
-        "penalty is not wired into training yet",
+        "whose rewards all agree dropped (dynamic sampling without refill), soft overlong "
+        "penalty over the last fifth of the generation budget (the paper: 4096 of 20480 "
+        "tokens), factor 1",
     ),
     "gspo": (
         {"estimator": "grpo", "estimator_options": {}, "loss": "gspo",
@@ -59,15 +60,17 @@ PRESETS: dict[str, tuple[dict[str, Any], str]] = {
     "rloo": (
         {"estimator": "rloo", "estimator_options": {}, "loss": "pg",
          "aggregation": "seq-mean-token-sum", "clip_low": 0.2, "clip_high": 0.2,
-         "kl_coef": 0.0},
+         "kl_coef": 0.05, "kl_in": "reward", "kl_estimator": "k1"},
         "RLOO (Ahmadian et al. 2024): leave-one-out baseline, REINFORCE on the sequence "
-        "(token sums, mean over samples); the paper's KL-in-reward is not wired yet",
+        "(token sums, mean over samples), KL in the reward as the paper's "
+        "r - β log(π/π_ref) (k1 summed over the sample); β = 0.05 is loomrl's default",
     ),
     "reinforce_pp": (
         {"estimator": "reinforce_pp", "estimator_options": {}, "loss": "pg",
-         "aggregation": "token-mean", "clip_low": 0.2, "clip_high": 0.2, "kl_coef": 0.0},
-        "REINFORCE++ (Hu 2025): globally whitened returns, PPO clip 0.2, token mean; the "
-        "paper's KL-in-reward is not wired yet",
+         "aggregation": "token-mean", "clip_low": 0.2, "clip_high": 0.2, "kl_coef": 0.01,
+         "kl_in": "reward", "kl_estimator": "k1"},
+        "REINFORCE++ (Hu 2025): globally whitened returns, PPO clip 0.2, token mean, "
+        "per-token k1 KL penalty in the reward with β = 0.01 (OpenRLHF's examples)",
     ),
     "ppo_no_critic": (
         {"estimator": "grpo", "estimator_options": {}, "loss": "pg",
@@ -98,4 +101,12 @@ def apply_preset(data: dict[str, Any], defaults: dict[str, Any]) -> dict[str, An
         turns = data.get("max_turns") or 1
         if type(tokens) is int and type(turns) is int and tokens > 0 and turns > 0:
             out["constant_normaliser"] = float(tokens * turns)  # else: the field says why
+    if name == "dapo" and "overlong_buffer" not in data:
+        tokens = data.get("max_tokens", defaults["max_tokens"])
+        turns = data.get("max_turns") or 1
+        limit = data.get("overlong_max_tokens") or (
+            tokens * turns if type(tokens) is int and type(turns) is int else None
+        )
+        if type(limit) is int and limit > 0:
+            out["overlong_buffer"] = limit // 5  # else: the fields say why
     return out

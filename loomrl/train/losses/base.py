@@ -8,12 +8,13 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from loomrl.algos.kl import k3
+from loomrl.algos.kl import estimate
 
 
 @dataclass(frozen=True)
 class LossParts:
-    """``loss`` (with autograd) and, detached, per-token diagnostics ``[*]``: ``kl`` (k3),
+    """``loss`` (with autograd) and, detached, per-token diagnostics ``[*]``: ``kl`` (the
+    ``kl_estimator``'s, k3 by default),
     ``clipped`` (1 where the clip was active) and ``is_weight`` (1 without IS)."""
 
     loss: Tensor
@@ -33,8 +34,10 @@ def finish(
     is_cap: float | None,
     ref: Tensor | None,
     kl_coef: float,
+    kl_estimator: str = "k3",
 ) -> LossParts:
-    """``Σ_t w_t (ℓ_t · min(exp(old_t - sampler_t), C) + β · k3(logp_t, ref_t))``.
+    """``Σ_t w_t (ℓ_t · min(exp(old_t - sampler_t), C) + β · k(logp_t, ref_t))``, ``k`` the
+    ``kl_estimator`` (``"k1"``, ``"k2"``, ``"k3"``: ``loomrl.algos.kl``).
 
     The truncated importance weight (Yao et al. 2025) corrects for the gap between the
     engine's numerics and the learner's; it is a constant (no gradient)."""
@@ -48,6 +51,6 @@ def finish(
     if kl_coef:
         if ref is None:
             raise ValueError(f"kl_coef={kl_coef} needs reference logprobs")
-        kl = k3(logp, ref)
+        kl = estimate(kl_estimator, logp, ref)
     loss = (weights * (per_token + kl_coef * kl)).sum()
     return LossParts(loss, kl.detach(), clipped.to(torch.float32), is_weight)

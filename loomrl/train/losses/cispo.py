@@ -33,6 +33,7 @@ def cispo_loss(
     is_cap: float | None = None,
     ref: Tensor | None = None,
     kl_coef: float = 0.0,
+    kl_estimator: str = "k3",
 ) -> LossParts:
     """``Σ_t w_t ℓ_t`` as in the module docstring; every tensor ``[*]`` alike."""
     ratio = (logp - old).detach().exp()
@@ -41,4 +42,5 @@ def cispo_loss(
     return finish(
         per_token, weight != ratio, logp, old, weights,
         sampler=sampler, is_cap=is_cap, ref=ref, kl_coef=kl_coef,
+        kl_estimator=kl_estimator,
     )  # fmt: skip

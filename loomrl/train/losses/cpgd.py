@@ -38,6 +38,7 @@ def cpgd_loss(
     is_cap: float | None = None,
     ref: Tensor | None = None,
     kl_coef: float = 0.0,
+    kl_estimator: str = "k3",
 ) -> LossParts:
     """``Σ_t w_t ℓ_t`` as in the module docstring; every tensor ``[*]`` alike."""
     if not 0 <= clip_low < 1:
@@ -54,4 +55,5 @@ def cpgd_loss(
     return finish(
         per_token, clipped > unclipped, logp, old, weights,
         sampler=sampler, is_cap=is_cap, ref=ref, kl_coef=kl_coef,
+        kl_estimator=kl_estimator,
     )  # fmt: skip

@@ -55,6 +55,7 @@ def gspo_loss(
     is_cap: float | None = None,
     ref: Tensor | None = None,
     kl_coef: float = 0.0,
+    kl_estimator: str = "k3",
 ) -> LossParts:
     """``-J`` as in the module docstring (token form); every tensor ``[*]`` alike,
     ``owner`` the sample index of each token."""
@@ -67,4 +68,5 @@ def gspo_loss(
     return finish(
         per_token, clipped > unclipped, logp, old, weights,
         sampler=sampler, is_cap=is_cap, ref=ref, kl_coef=kl_coef,
+        kl_estimator=kl_estimator,
     )  # fmt: skip
