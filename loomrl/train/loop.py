@@ -36,10 +36,12 @@ from loomrl.runs import write_trajectories
 from loomrl.train.checkpoint import (
     CheckpointError,
     latest_checkpoint,
+    load_critic_state,
     load_learner_state,
     save_checkpoint,
 )
 from loomrl.train.config import TrainConfig, example_pool
+from loomrl.train.critic import Critic, open_critic
 from loomrl.train.learner import Learner
 from loomrl.train.loggers import open_sinks
 from loomrl.types import SamplingParams, Trajectory
@@ -87,12 +89,13 @@ async def train(
 
     if not resume:
         check_new_run(out, "train", overwrite=overwrite)
-    check_estimator(config.estimator, config.estimator_options)
-    start, model_dir, learner_state = 0, resolve(config.model), None
+    check_estimator(config.estimator, config.estimator_options, with_values=config.critic)
+    start, model_dir, learner_state, critic_state = 0, resolve(config.model), None, None
     if resume:
         checkpoint = latest_checkpoint(out)
         start, model_dir, run_id = checkpoint.step, checkpoint.model_dir, checkpoint.run_id
         learner_state = load_learner_state(checkpoint)
+        critic_state = load_critic_state(checkpoint) if config.critic else None
     else:
         run_id = uuid.uuid4().hex
         torch.manual_seed(config.seed)
@@ -115,6 +118,12 @@ async def train(
     learner = Learner(model, config.learner(), reference)
     if learner_state is not None:
         learner.load_state_dict(learner_state)
+    critic = None
+    if config.critic:  # a copy of the initial policy (or critic_model); the checkpoint's state
+        critic = open_critic(
+            resolve(config.critic_model or config.model), config.critic_config(), tokenizer,
+            dtype=dtype, spec=config.critic_model or config.model, state=critic_state,
+        )  # fmt: skip
     if overwrite and not resume:
         clear_run(out)
     buffer = _open_buffer(out, start)
@@ -138,7 +147,7 @@ async def train(
             flat = [t for g in groups for t in g.trajectories()]
             rollout_s = time.perf_counter() - started
             trajs = Rollouts(flat, compute_metrics(flat, config.n, rollout_s))
-            row = _step(config, learner, trajs, tokenizer.pad_token_id or 0)
+            row = _step(config, learner, trajs, tokenizer.pad_token_id or 0, critic)
             # Synced even after a skipped learner step: versions count steps, which is
             # what the staleness bound is measured in.
             sync_s = await producer.update_weights(model.state_dict(), version=step + 1)
@@ -159,8 +168,9 @@ async def train(
                 on_step(row)
             if (step + 1) % config.checkpoint_every == 0 or step + 1 == config.steps:
                 save_checkpoint(
-                    out, step + 1, model, tokenizer, learner.state_dict(), run_id=run_id
-                )
+                    out, step + 1, model, tokenizer, learner.state_dict(), run_id=run_id,
+                    critic_state=None if critic is None else critic.state_dict(),
+                )  # fmt: skip
     finally:
         await producer.close()
         await engine.close()
@@ -246,13 +256,22 @@ def _checkpoint_dtype(model_dir: Path) -> str:
 
 
 def _step(
-    config: TrainConfig, learner: Learner, trajs: list[Trajectory], pad_id: int
-) -> dict[str, Any]:
-    """Experience and one learner step; a batch with nothing to learn skips the step."""
+    config: TrainConfig, learner: Learner, trajs: list[Trajectory], pad_id: int,
+    critic: Critic | None = None,
+) -> dict[str, Any]:  # fmt: skip
+    """Experience and one learner step (and the critic's, after the values it gave the
+    estimator); a batch with nothing to learn skips the step."""
     t0 = time.perf_counter()
+    values = None
+    if critic is not None:
+        values = critic.estimate(
+            trajs, drop_zero_variance=config.drop_zero_variance, layout=config.layout,
+            pad_id=pad_id,
+        )  # fmt: skip
     exp = make_experience(
         trajs, config.estimator, options=config.estimator_options,
         drop_zero_variance=config.drop_zero_variance,
+        inputs=None if values is None else values.inputs,
     )  # fmt: skip
     row: dict[str, Any] = {
         "trained_trajectories": len(exp.trajectories),
@@ -262,7 +281,10 @@ def _step(
         return {**row, "experience_s": time.perf_counter() - t0, "learner_s": None}
     batch = exp.packed() if config.layout == "packed" else exp.padded(pad_id)
     row["experience_s"] = time.perf_counter() - t0
-    return {**row, **learner.step(batch)}
+    row.update(learner.step(batch))
+    if critic is not None and values is not None:
+        row.update(critic.step(batch, values.rows))
+    return row
 
 
 def _rollout_metrics(
