@@ -7,8 +7,12 @@ setup:
 run: setup
 	.venv/bin/loomrl rollout --env arith --model smollm2-135m-instruct --examples 16 --n 4 --max-tokens 48 --out runs/quickstart --overwrite
 
+# Unit tests in two workers, then the real-engine (e2e) tests alone: they time kills and
+# restarts of real processes and need the CPU to themselves.
 test: setup
-	.venv/bin/python -m pytest -q --durations=15
+	.venv/bin/python -m pytest -q -n 2 -m "not e2e" --durations=10; unit=$$?; \
+	.venv/bin/python -m pytest -q -m e2e --durations=15; e2e=$$?; \
+	test $$unit -eq 0 && test $$e2e -eq 0
 
 lint: setup
 	.venv/bin/ruff check loomrl tests benchmarks
