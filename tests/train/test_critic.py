@@ -146,7 +146,7 @@ def test_the_critic_update_lowers_the_value_loss_on_one_fixed_batch(value_model)
     trajs = make_trajs()
     returns = [[1.0 + 0.1 * k for k in range(len(t.completion_ids))] for t in trajs]
     batch = pad(trajs, returns, returns, pad_token_id=7)
-    c = critic(value_model, lr=3e-3, mini_batch_size=2, value_clip=0.2)
+    c = critic(value_model, lr=1e-2, mini_batch_size=2, value_clip=0.2)
     losses = []
     for _ in range(4):
         rows = batch.per_sample(c.values(batch))  # V_old: before this step's updates

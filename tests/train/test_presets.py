@@ -24,7 +24,7 @@ COLUMNS = ("estimator", "estimator_options", "loss", "aggregation", "clip_low", 
 def documented() -> dict[str, dict[str, typing.Any]]:
     """The presets table of docs/training.md: algorithm -> field values (``also`` parsed
     from ``field = value`` pairs)."""
-    lines = DOC.read_text().split("### Presets", 1)[1].splitlines()
+    lines = DOC.read_text().split("### Presets", 1)[1].split("\n## ", 1)[0].splitlines()
     rows = [line for line in lines if line.startswith("| `")]
     table = {}
     for line in rows:
