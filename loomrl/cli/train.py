@@ -129,7 +129,9 @@ def cmd_train(args: argparse.Namespace) -> int:
     source = str(args.config or (args.resume / "config.toml" if args.resume else "flags"))
     check_model(config.model)
     check_envs((spec.env or name, spec.env_args) for name, spec in config.task_specs().items())
-    check_estimator(config.estimator, config.estimator_options)
+    if config.critic_model is not None:
+        check_model(config.critic_model)
+    check_estimator(config.estimator, config.estimator_options, with_values=config.critic)
     check_engine_args(config.engine_args, source)
     check_log_to(config, source)
     drawn = draw_tasks(config)  # every data problem stops here, before anything is written

@@ -16,6 +16,7 @@ from typing import Any
 
 import pyarrow as pa
 import pyarrow.parquet as pq
+import torch
 
 from loomrl.algos import advantages as estimators
 from loomrl.envs.registry import hint_name, type_problem
@@ -72,12 +73,15 @@ def parse_options(pairs: list[str]) -> dict[str, Any]:
     return options
 
 
-def check_estimator(estimator: str, options: Mapping[str, Any] | None = None) -> None:
+def check_estimator(
+    estimator: str, options: Mapping[str, Any] | None = None, *, with_values: bool = False
+) -> None:
     """Raise ``ValueError`` now for an unknown estimator, an option it does not take or of
     the wrong type (checked strictly against its signature: ``"False"`` is not a bool), a
     number that is not finite, an input it needs that trajectories cannot give (e.g.
-    ``gae``'s values) or an option value it refuses: the estimator runs once on two
-    made-up samples of one group, and must give finite advantages."""
+    ``gae``'s values, unless ``with_values``: a critic supplies them) or an option value it
+    refuses: the estimator runs once on two made-up samples of one group, and must give
+    finite advantages."""
     probe = [
         Trajectory(
             example_id=0, group_id=0, sample_index=k, env="probe", completion_ids=[1],
@@ -97,7 +101,8 @@ def check_estimator(estimator: str, options: Mapping[str, Any] | None = None) ->
             raise ValueError(f"estimator {estimator!r}: option {key} = {value} is not finite")
     shown = redact_text(str(dict(options or {})))
     try:
-        exp = make_experience(probe, estimator, options=options)
+        values = {"values": torch.zeros((2, 1))} if with_values else None
+        exp = make_experience(probe, estimator, options=options, inputs=values)
     except (TypeError, RuntimeError, ValueError) as exc:  # TypeError etc.: a value's kind
         if repr(estimator) in str(exc):
             raise ValueError(redact_text(str(exc))) from None

@@ -1,7 +1,8 @@
 """Checkpoints of a training run: ``RUN/checkpoints/step-NNNNNN/``.
 
 Each holds the model and tokenizer (an HF directory that vLLM and transformers load as
-is), ``learner.pt`` (optimizer, LR schedule, step count), ``rng.pt`` (torch and Python
+is), ``learner.pt`` (optimizer, LR schedule, step count), ``critic.pt`` (only with a
+critic: its weights, value head and optimizer), ``rng.pt`` (torch and Python
 RNG states) and ``state.json`` (the step it was taken after and the id of the run that
 wrote it). A checkpoint is written to a temporary directory and renamed into place, so
 a crash never leaves a half one behind; of the checkpoints with the writer's run id, the
@@ -27,6 +28,7 @@ from typing import Any
 import torch
 
 PREFIX = "step-"
+CRITIC = "critic.pt"  # only in the checkpoints of a run with a critic
 
 
 class CheckpointError(ValueError):
@@ -46,10 +48,11 @@ class Checkpoint:
 
 def save_checkpoint(
     run_dir: Path, step: int, model: Any, tokenizer: Any, learner_state: dict[str, Any],
-    keep: int = 2, run_id: str | None = None,
+    keep: int = 2, run_id: str | None = None, critic_state: dict[str, Any] | None = None,
 ) -> Checkpoint:  # fmt: skip
     """Save everything needed to continue after ``step`` (the number of steps done), then
-    prune this run's (``run_id``'s) checkpoints to the newest ``keep``."""
+    prune this run's (``run_id``'s) checkpoints to the newest ``keep``. ``critic_state``
+    (a run with a critic) goes to ``critic.pt``; a run without one writes no such file."""
     if keep < 1:
         raise ValueError(f"keep must be >= 1 (the checkpoint being written), got {keep}")
     root = run_dir / "checkpoints"
@@ -63,6 +66,8 @@ def save_checkpoint(
     model.save_pretrained(tmp / "model", safe_serialization=True)
     tokenizer.save_pretrained(tmp / "model")
     torch.save(learner_state, tmp / "learner.pt")
+    if critic_state is not None:
+        torch.save(critic_state, tmp / CRITIC)
     version, internal, gauss = random.getstate()
     rng = {"torch": torch.get_rng_state(), "python": [version, list(internal), gauss]}
     torch.save(rng, tmp / "rng.pt")
@@ -108,13 +113,29 @@ def load_learner_state(checkpoint: Checkpoint) -> dict[str, Any]:
     return state
 
 
+def load_critic_state(checkpoint: Checkpoint) -> dict[str, Any]:
+    """The critic's state (``critic.pt``); ``CheckpointError`` if the checkpoint has none
+    (written by a run without a critic) or it is malformed."""
+    path = checkpoint.path / CRITIC
+    if not path.is_file():
+        raise CheckpointError(
+            f"{path} is missing: this checkpoint was written without a critic, so a run with "
+            "one cannot resume from it"
+        )
+    state = _load(path)
+    if not isinstance(state, dict) or not {"model", "optimizer", "updates"} <= set(state):
+        raise CheckpointError(f"{path} is malformed: not a critic's state")
+    return state
+
+
 def check_checkpoint(checkpoint: Checkpoint) -> None:
     """Raise ``CheckpointError`` naming the file if resuming from ``checkpoint`` would fail
     on it: ``rng.pt`` and ``learner.pt`` must open as tensors and plain data (memory-mapped,
     so the weights are not read) and ``model/`` must be a complete model directory."""
     from loomrl.models import ModelError, check_spec
 
-    for name in ("rng.pt", "learner.pt"):
+    critic = [CRITIC] if (checkpoint.path / CRITIC).exists() else []
+    for name in ("rng.pt", "learner.pt", *critic):
         _load(checkpoint.path / name, mmap=True)
     if not checkpoint.model_dir.is_dir():
         raise CheckpointError(f"{checkpoint.model_dir} is missing: the checkpoint is incomplete")

@@ -29,6 +29,7 @@ from loomrl.config import (
 from loomrl.data import DataConfig
 from loomrl.models import DEFAULT_MODEL
 from loomrl.rollout.turn_rewards import TurnReward
+from loomrl.train.critic import CriticConfig, check_critic
 from loomrl.train.learner import LearnerConfig
 from loomrl.train.presets import Algorithm, apply_preset
 
@@ -188,6 +189,21 @@ class TrainConfig(BaseModel):
     sync_weights_interval: int = Field(
         1, ge=1, description="push the policy into the engine every k steps"
     )
+    critic: bool | None = Field(
+        None,
+        description="train a value model for the estimator's values (None: exactly when the "
+        "estimator takes values, i.e. 'gae')",
+    )
+    critic_model: str | None = Field(
+        None, description="the critic's model spec (default: a copy of `model`; same tokenizer)"
+    )
+    critic_lr: float = Field(1e-5, gt=0, allow_inf_nan=False, description="critic AdamW LR")
+    value_clip: float | None = Field(
+        0.5, gt=0, allow_inf_nan=False, description="clip new values to old ± this (None: off)"
+    )
+    vf_coef: float = Field(
+        0.5, gt=0, allow_inf_nan=False, description="value loss scale (c · squared error)"
+    )
     checkpoint_every: int = Field(10, ge=1, description="steps between checkpoints")
     report_every: int = Field(
         10, ge=0, description="steps between refreshes of report.html (0: only at the end)"
@@ -216,6 +232,12 @@ class TrainConfig(BaseModel):
                 f"loss = 'cpgd' clips ln ρ at ln(1 - clip_low): clip_low must be < 1, "
                 f"got {self.clip_low}"
             )
+        return self
+
+    @model_validator(mode="after")
+    def _critic_fits(self) -> TrainConfig:
+        """``gae`` implies the critic; a critic no estimator reads is refused."""
+        self.critic = check_critic(self.estimator, self.critic, self.critic_model)
         return self
 
     @model_validator(mode="after")
@@ -324,6 +346,15 @@ class TrainConfig(BaseModel):
             loss=self.loss, drift_coef=self.drift_coef, ppo_epochs=self.ppo_epochs,
             mini_batch_size=self.mini_batch_size, old_logprobs=self.old_logprobs,
             kl_estimator=self.kl_estimator, entropy_coef=self.entropy_coef,
+        )  # fmt: skip
+
+    def critic_config(self) -> CriticConfig:
+        """The critic's optimiser: its own LR, the policy's PPO schedule and clip norm."""
+        return CriticConfig(
+            lr=self.critic_lr, weight_decay=self.weight_decay, max_grad_norm=self.max_grad_norm,
+            value_clip=self.value_clip, vf_coef=self.vf_coef, ppo_epochs=self.ppo_epochs,
+            mini_batch_size=self.mini_batch_size, max_tokens=self.micro_batch_tokens,
+            autocast=None if self.autocast == "none" else self.autocast,
         )  # fmt: skip
 
 

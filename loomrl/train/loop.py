@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from torch import Tensor
 
 from loomrl.data import Drawn, Fingerprint, check_record, draw, write_record
 from loomrl.envs import Environment
@@ -35,10 +36,12 @@ from loomrl.runs import write_trajectories
 from loomrl.train.checkpoint import (
     CheckpointError,
     latest_checkpoint,
+    load_critic_state,
     load_learner_state,
     save_checkpoint,
 )
 from loomrl.train.config import TrainConfig, example_pool
+from loomrl.train.critic import Critic, Estimate, open_critic
 from loomrl.train.learner import Learner
 from loomrl.train.loggers import open_sinks
 from loomrl.train.shaping import Shaper
@@ -87,12 +90,13 @@ async def train(
 
     if not resume:
         check_new_run(out, "train", overwrite=overwrite)
-    check_estimator(config.estimator, config.estimator_options)
-    start, model_dir, learner_state = 0, resolve(config.model), None
+    check_estimator(config.estimator, config.estimator_options, with_values=config.critic)
+    start, model_dir, learner_state, critic_state = 0, resolve(config.model), None, None
     if resume:
         checkpoint = latest_checkpoint(out)
         start, model_dir, run_id = checkpoint.step, checkpoint.model_dir, checkpoint.run_id
         learner_state = load_learner_state(checkpoint)
+        critic_state = load_critic_state(checkpoint) if config.critic else None
     else:
         run_id = uuid.uuid4().hex
         torch.manual_seed(config.seed)
@@ -118,6 +122,12 @@ async def train(
     shaper = Shaper(config, learner)
     if learner_state is not None:
         shaper.load_state_dict(learner_state.get("shaping", {}), start)
+    critic = None
+    if config.critic:  # a copy of the initial policy (or critic_model); the checkpoint's state
+        critic = open_critic(
+            resolve(config.critic_model or config.model), config.critic_config(), tokenizer,
+            dtype=dtype, spec=config.critic_model or config.model, state=critic_state,
+        )  # fmt: skip
     if overwrite and not resume:
         clear_run(out)
     buffer = _open_buffer(out, start)
@@ -141,7 +151,7 @@ async def train(
             flat = [t for g in groups for t in g.trajectories()]
             rollout_s = time.perf_counter() - started
             trajs = Rollouts(flat, compute_metrics(flat, config.n, rollout_s))
-            row = _step(config, learner, trajs, tokenizer.pad_token_id or 0, shaper)
+            row = _step(config, learner, trajs, tokenizer.pad_token_id or 0, shaper, critic)
             shaper.after_step(step + 1, row)
             # Synced even after a skipped learner step: versions count steps, which is
             # what the staleness bound is measured in. Every sync_weights_interval steps
@@ -167,7 +177,10 @@ async def train(
                 on_step(row)
             if (step + 1) % config.checkpoint_every == 0 or step + 1 == config.steps:
                 state = {**learner.state_dict(), "shaping": shaper.state_dict(step + 1)}
-                save_checkpoint(out, step + 1, model, tokenizer, state, run_id=run_id)
+                save_checkpoint(
+                    out, step + 1, model, tokenizer, state, run_id=run_id,
+                    critic_state=None if critic is None else critic.state_dict(),
+                )  # fmt: skip
     finally:
         await producer.close()
         await engine.close()
@@ -253,12 +266,24 @@ def _checkpoint_dtype(model_dir: Path) -> str:
 
 
 def _step(
-    config: TrainConfig, learner: Learner, trajs: list[Trajectory], pad_id: int, shaper: Shaper
-) -> dict[str, Any]:
-    """Experience (shaped: ``loomrl.train.shaping``) and one learner step; a batch with
-    nothing to learn skips the step."""
+    config: TrainConfig, learner: Learner, trajs: list[Trajectory], pad_id: int,
+    shaper: Shaper, critic: Critic | None = None,
+) -> dict[str, Any]:  # fmt: skip
+    """Experience (shaped: ``loomrl.train.shaping``) and one learner step, then the
+    critic's (after the values it gave the estimator); a batch with nothing to learn
+    skips the step."""
     t0 = time.perf_counter()
-    exp, shaped = shaper.experience(trajs, pad_id)
+    values: Estimate | None = None
+
+    def value_inputs(kept: list[Trajectory]) -> dict[str, Tensor]:
+        nonlocal values  # the values of exactly the trajectories the shaper kept
+        assert critic is not None
+        values = critic.estimate(kept, layout=config.layout, pad_id=pad_id)
+        return values.inputs
+
+    exp, shaped = shaper.experience(
+        trajs, pad_id, value_inputs=None if critic is None else value_inputs
+    )
     row: dict[str, Any] = {
         "trained_trajectories": len(exp.trajectories),
         "zero_variance_groups": exp.stats["zero_variance_groups_dropped"],
@@ -268,7 +293,10 @@ def _step(
         return {**row, "experience_s": time.perf_counter() - t0, "learner_s": None}
     batch = exp.packed() if config.layout == "packed" else exp.padded(pad_id)
     row["experience_s"] = time.perf_counter() - t0
-    return {**row, **learner.step(batch)}
+    row.update(learner.step(batch))
+    if critic is not None and values is not None:
+        row.update(critic.step(batch, values.rows))
+    return row
 
 
 def _rollout_metrics(

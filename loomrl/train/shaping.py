@@ -29,7 +29,7 @@ from __future__ import annotations
 
 import dataclasses
 from collections import defaultdict
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -89,9 +89,12 @@ class Shaper:
         self.learner.config = dataclasses.replace(self.learner.config, kl_coef=coef)
 
     def experience(
-        self, trajs: Sequence[Trajectory], pad_id: int = 0
-    ) -> tuple[Experience, dict[str, Any]]:
-        """The step's experience after every shaping stage, and the stages' metrics."""
+        self, trajs: Sequence[Trajectory], pad_id: int = 0,
+        value_inputs: Callable[[list[Trajectory]], dict[str, Tensor]] | None = None,
+    ) -> tuple[Experience, dict[str, Any]]:  # fmt: skip
+        """The step's experience after every shaping stage, and the stages' metrics.
+        ``value_inputs`` (a critic) gives the estimator's ``values`` of the trajectories
+        that are left after the filters, in their order."""
         cfg = self.config
         usable = [t for t in trajs if t.status not in UNUSABLE]
         metrics: dict[str, Any] = {"kl_coef": self.kl.value}
@@ -111,6 +114,8 @@ class Shaper:
                 dataclasses.replace(t, reward=float(r))
                 for t, r in zip(usable, rewards.tolist(), strict=True)
             ]
+        if usable and value_inputs is not None:
+            kl_inputs.update(value_inputs(usable))
         exp = make_experience(
             usable, cfg.estimator, options=options, inputs=kl_inputs or None
         )  # the filters above already ran

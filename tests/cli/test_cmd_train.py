@@ -231,7 +231,7 @@ def test_a_corrupt_buffer_log_is_named(cli, run):
             "[train]\nestimator_options = {bogus = 1}\n",
             "estimator 'grpo' has no option(s) ['bogus']",
         ),
-        ("[train]\nestimator = 'gae'\n", "estimator 'gae' needs ['values']"),
+        ("[train]\nalgorithm = 'ppo'\ncritic_model = 'nope'\n", "unknown model 'nope'"),
         ("[train]\nmodel = 'no-such-model'\n", "unknown model 'no-such-model'"),
         ("[train]\nengine_args = {seed = 3}\n", "{file}: engine_args may not set seed (set by"),
         ("[train]\nlog_to = ['wandb']\n", "{file}: log_to names 'wandb' but it is not installed"),

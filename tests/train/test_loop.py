@@ -70,6 +70,7 @@ async def test_each_step_logs_trains_syncs_and_checkpoints(tmp_path, engines):
         assert {"rollout_s", "experience_s", "learner_s", "sync_s", "reward/correct"} <= set(row)
     assert [segment_groups(tmp_path, s) for s in (1, 2, 3, 4)] == [[0, 1], [2, 3], [4, 5], [6, 7]]
     assert [c.step for c in list_checkpoints(tmp_path)] == [2, 4]
+    assert not list(tmp_path.glob("checkpoints/*/critic.pt"))  # no critic, no critic.pt
     logged = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
     assert logged == rows
 

@@ -1,0 +1,281 @@
+"""The critic: a value model that ``estimator = "gae"`` reads, trained beside the policy.
+
+A ``ValueModel`` is a transformer backbone (a copy of the policy's initial weights by
+default, or ``critic_model``) with a ``Linear(hidden, 1)`` head in float32. The value of
+completion token ``t`` is ``V(s_t)``, read from the hidden state at ``t - 1`` (the prefix
+the token was sampled from), so values line up with logprobs entry for entry (verl's
+``values[:, -response_length - 1 : -1]``).
+
+Each step: ``estimate`` computes the values of the step's trajectories before any update
+(they feed GAE, and are the ``V^old`` of the value clip), the policy trains, then
+``Critic.step`` takes ``ppo_epochs`` × mini-batches AdamW steps of the clipped value loss
+(``loomrl.train.losses.value``) towards GAE's returns, masked to the trained tokens.
+Environment tokens of a multi-turn trajectory get no value loss; GAE bootstraps across
+them from the next model token's value (``loomrl.algos.returns.gae``).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import Tensor
+
+from loomrl.algos import advantages as estimators
+from loomrl.algos.shaping import filter_zero_variance_groups
+from loomrl.experience import Batch, MicroBatch, micro_batches, pack, pad
+from loomrl.experience.maker import UNUSABLE
+from loomrl.train import minibatch
+from loomrl.train.checkpoint import CRITIC, CheckpointError
+from loomrl.train.losses.value import explained_variance, value_loss
+from loomrl.types import Trajectory
+
+
+@dataclass(frozen=True)
+class CriticConfig:
+    """The critic's optimisation settings (``TrainConfig.critic_config`` fills these)."""
+
+    lr: float = 1e-5
+    weight_decay: float = 0.0
+    betas: tuple[float, float] = (0.9, 0.999)
+    max_grad_norm: float = 1.0
+    value_clip: float | None = 0.5
+    vf_coef: float = 0.5
+    ppo_epochs: int = 1
+    mini_batch_size: int | None = None
+    max_tokens: int = 2048
+    autocast: str | None = "bfloat16"
+
+
+def check_critic(estimator: str, critic: bool | None, critic_model: str | None) -> bool:
+    """Whether the run trains a critic: ``critic``, or (None) whether ``estimator`` takes
+    ``values``. ``ValueError`` for an estimator that needs values without a critic, a
+    critic that no estimator reads, or a ``critic_model`` without a critic. An unknown
+    estimator is left to ``check_estimator``."""
+    try:
+        takes = "values" in estimators.accepted_inputs(estimator)
+        needs = "values" in estimators.required_inputs(estimator)
+    except ValueError:
+        return bool(critic)
+    if critic is None:
+        critic = takes
+    if needs and not critic:
+        raise ValueError(
+            f"estimator = {estimator!r} needs a critic's values: critic = false cannot train "
+            "it (leave critic unset, or pick an estimator that needs only rewards)"
+        )
+    if critic and not takes:
+        raise ValueError(
+            f"critic = true trains a value model that estimator = {estimator!r} never reads; "
+            'use estimator = "gae" (or algorithm = "ppo")'
+        )
+    if critic_model is not None and not critic:
+        raise ValueError(f"critic_model = {critic_model!r} is set but no critic is trained")
+    return critic
+
+
+class ValueModel(torch.nn.Module):
+    """A transformer backbone (no LM head) and a float32 ``Linear(hidden, 1)`` value head."""
+
+    def __init__(self, backbone: torch.nn.Module, hidden_size: int) -> None:
+        super().__init__()
+        self.backbone = backbone
+        self.head = torch.nn.Linear(hidden_size, 1, dtype=torch.float32)
+        with torch.no_grad():  # small outputs at first: values start near 0
+            self.head.weight.normal_(0.0, 1.0 / (hidden_size + 1))
+            self.head.bias.zero_()
+
+    def forward(self, mb: MicroBatch) -> Tensor:
+        """``[b, n]`` float32 values of the micro-batch's wanted tokens (0 elsewhere),
+        with autograd when enabled."""
+        device = self.head.weight.device
+        want = mb.want.to(device)
+        b, n = want.shape
+        cols = torch.nonzero(want[:, 1:].any(dim=0)).flatten()  # hidden at t-1 values t
+        out = torch.zeros((b, n), dtype=torch.float32, device=device)
+        if cols.numel() == 0:
+            return out
+        hidden = self.backbone(
+            input_ids=mb.input_ids.to(device), position_ids=mb.position_ids.to(device),
+            attention_mask=None if mb.attention_mask is None else mb.attention_mask.to(device),
+            use_cache=False,
+        ).last_hidden_state  # [b, n, H]  # fmt: skip
+        with torch.autocast(device.type, enabled=False):  # the head regresses in fp32
+            values = self.head(hidden[:, cols].float()).squeeze(-1)  # [b, k]
+        where = (torch.arange(b, device=device)[:, None], (cols + 1)[None, :])
+        return torch.where(want, out.index_put(where, values), torch.zeros_like(out))
+
+
+def load_value_model(
+    spec_dir: Path, dtype: torch.dtype, policy_tokenizer: Any, spec: str
+) -> ValueModel:
+    """A value model on the backbone at ``spec_dir``; ``ValueError`` if its tokenizer is
+    not the policy's (the critic reads the policy's token ids)."""
+    from transformers import AutoModel, AutoTokenizer
+
+    check_same_vocab(AutoTokenizer.from_pretrained(spec_dir), policy_tokenizer, spec)
+    backbone = AutoModel.from_pretrained(spec_dir, dtype=dtype)
+    return ValueModel(backbone, int(backbone.config.hidden_size))
+
+
+def open_critic(
+    model_dir: Path, config: CriticConfig, policy_tokenizer: Any, *, dtype: torch.dtype,
+    spec: str, state: dict[str, Any] | None = None,
+) -> Critic:  # fmt: skip
+    """A ``Critic`` on the model at ``model_dir`` (``spec`` names it in errors), with a
+    checkpoint's ``state`` when resuming."""
+    critic = Critic(load_value_model(model_dir, dtype, policy_tokenizer, spec), config)
+    if state is not None:
+        try:
+            critic.load_state_dict(state)
+        except (RuntimeError, KeyError, ValueError, TypeError) as exc:
+            raise CheckpointError(
+                f"{CRITIC}: the checkpoint's critic does not fit the model {spec!r} ({exc})"
+            ) from exc
+    return critic
+
+
+def check_same_vocab(tokenizer: Any, policy_tokenizer: Any, spec: str) -> None:
+    """``ValueError`` naming ``spec`` and the first difference if the two vocabularies
+    (token -> id maps) differ."""
+    mine, theirs = tokenizer.get_vocab(), policy_tokenizer.get_vocab()
+    if mine == theirs:
+        return
+    only = sorted(set(mine.items()) ^ set(theirs.items()), key=lambda kv: kv[1])[0]
+    raise ValueError(
+        f"critic_model = {spec!r}: its tokenizer differs from the policy's ({len(mine):,} "
+        f"tokens vs {len(theirs):,}; e.g. {only[0]!r} -> id {only[1]} is in only one); the "
+        "critic scores the policy's token ids, so it needs the same vocabulary"
+    )
+
+
+@dataclass(frozen=True)
+class Estimate:
+    """Values of the trajectories ``make_experience`` keeps, before any update: ``inputs``
+    for the estimator (``values [B, T]`` over completion tokens) and each kept
+    trajectory's completion values (``rows``) to place on the training batch."""
+
+    inputs: dict[str, Tensor]
+    rows: list[Tensor]
+
+
+class Critic:
+    """The value model, its AdamW; ``estimate`` before the policy's update, ``step`` after."""
+
+    def __init__(self, model: ValueModel, config: CriticConfig) -> None:
+        self.model, self.config = model, config
+        self.optimizer = torch.optim.AdamW(
+            [p for p in model.parameters() if p.requires_grad],
+            lr=config.lr, betas=config.betas, weight_decay=config.weight_decay,
+        )  # fmt: skip
+        self.updates = 0
+
+    def _autocast(self) -> Any:
+        device = self.model.head.weight.device
+        dtype = getattr(torch, self.config.autocast) if self.config.autocast else None
+        return torch.autocast(device.type, dtype=dtype, enabled=dtype is not None)
+
+    @torch.no_grad()
+    def values(self, batch: Batch) -> Tensor:
+        """``V`` of every completion token of ``batch`` (float32, CPU, shaped like
+        ``batch.input_ids``; 0 on prompt and padding), in eval mode."""
+        out = torch.zeros(batch.input_ids.shape, dtype=torch.float32)
+        was_training = self.model.training
+        self.model.eval()
+        try:
+            for mb in micro_batches(batch, self.config.max_tokens):
+                with self._autocast():
+                    out[mb.rows, mb.cols] = self.model(mb).float().cpu()
+        finally:
+            self.model.train(was_training)
+        return out
+
+    def estimate(
+        self, trajectories: Sequence[Trajectory], *, drop_zero_variance: bool = False,
+        layout: str = "padded", pad_id: int = 0,
+    ) -> Estimate:  # fmt: skip
+        """Values of the trajectories ``make_experience`` will keep (the same filter:
+        usable status, then zero-variance groups if asked), in its order."""
+        kept = [t for t in trajectories if t.status not in UNUSABLE]
+        if drop_zero_variance and kept:
+            rewards = torch.tensor([float(t.reward) for t in kept], dtype=torch.float64)
+            keep, _ = filter_zero_variance_groups(rewards, torch.tensor([t.group_id for t in kept]))
+            kept = [t for t, k in zip(kept, keep.tolist(), strict=True) if k]
+        if not kept:
+            return Estimate({}, [])
+        batch = pack(kept) if layout == "packed" else pad(kept, pad_token_id=pad_id)
+        rows = batch.per_sample(self.values(batch))
+        width = max(len(t.completion_ids) for t in kept)
+        grid = torch.zeros((len(kept), width), dtype=torch.float32)  # [B, T] as make_experience
+        for i, row in enumerate(rows):
+            grid[i, : row.numel()] = row
+        return Estimate({"values": grid}, rows)
+
+    def step(self, batch: Batch, old_rows: Sequence[Tensor]) -> dict[str, float]:
+        """``ppo_epochs`` × mini-batches AdamW steps of the clipped value loss towards
+        ``batch.returns``; ``old_rows`` are ``estimate``'s values of the batch's samples."""
+        cfg, started = self.config, time.perf_counter()
+        old = torch.zeros(batch.input_ids.shape, dtype=torch.float32)
+        for (row, start, end), values in zip(batch.completion_slices(), old_rows, strict=True):
+            old[row, start:end] = values
+        mask = batch.loss_mask
+        on = mask.bool()
+        spans = minibatch.ranges(batch.num_samples, cfg.mini_batch_size)
+        updates = []
+        for _ in range(cfg.ppo_epochs):
+            for first, end in spans:
+                sub, (sub_old,) = minibatch.select(batch, first, end, old)
+                updates.append(self._update(sub, sub_old))
+        return {
+            "value_loss": sum(u[0] for u in updates) / len(updates),
+            "value_clip_fraction": sum(u[1] for u in updates) / len(updates),
+            "critic_grad_norm": sum(u[2] for u in updates) / len(updates),
+            "explained_variance": explained_variance(old, batch.returns, mask),
+            "values_mean": float(old[on].mean()) if on.any() else 0.0,
+            "returns_mean": float(batch.returns[on].mean()) if on.any() else 0.0,
+            "critic_s": time.perf_counter() - started,
+        }
+
+    def _update(self, batch: Batch, old: Tensor) -> tuple[float, float, float]:
+        """One AdamW step on a (mini-)batch: (loss, clip fraction, gradient norm)."""
+        cfg = self.config
+        weights = batch.loss_mask / batch.loss_mask.sum().clamp(min=1.0)  # token mean
+        device = self.model.head.weight.device
+        self.model.train()
+        self.optimizer.zero_grad(set_to_none=True)
+        loss, clipped = 0.0, 0.0
+        for mb in micro_batches(batch, cfg.max_tokens):
+            at = (mb.rows, mb.cols)
+            with self._autocast():
+                values = self.model(mb)
+            parts = value_loss(
+                values, old[at].to(device), batch.returns[at].to(device), weights[at].to(device),
+                clip=cfg.value_clip, coef=cfg.vf_coef,
+            )  # fmt: skip
+            if parts.loss.requires_grad:
+                parts.loss.backward()
+            loss += float(parts.loss.detach())
+            clipped += float((weights[at].to(device) * parts.clipped).sum())
+        params = [p for p in self.model.parameters() if p.requires_grad]
+        grad_norm = torch.nn.utils.clip_grad_norm_(params, cfg.max_grad_norm)
+        self.optimizer.step()
+        self.updates += 1
+        return loss, clipped, float(grad_norm)
+
+    def state_dict(self) -> dict[str, Any]:
+        """Weights (head included), optimizer state and update count: tensors and plain
+        data only, so a checkpoint loads it with ``weights_only=True``."""
+        return {
+            "model": self.model.state_dict(),
+            "optimizer": self.optimizer.state_dict(),
+            "updates": self.updates,
+        }
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.model.load_state_dict(state["model"])
+        self.optimizer.load_state_dict(state["optimizer"])
+        self.updates = int(state["updates"])
