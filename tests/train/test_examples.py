@@ -78,4 +78,7 @@ async def test_an_example_runs_three_steps_with_its_metrics(tmp_path, engines, n
         assert max(r["clip_fraction_max"] for r in trained) > 0
         assert max(r["approx_kl_max"] for r in trained) > 0
     if c.kl_coef:  # KL to the initial model: 0 before the first update, then > 0
-        assert max(r["kl"] for r in trained) > 0
+        if c.kl_in == "loss":
+            assert max(r["kl"] for r in trained) > 0
+        else:  # in the reward (k1 of the sampled tokens: its sign varies, 0 only at step 1)
+            assert [r["kl_reward"] != 0 for r in rows] == [False, True, True], rows
