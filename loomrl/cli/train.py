@@ -147,7 +147,7 @@ def cmd_train(args: argparse.Namespace) -> int:
         )
     except KeyboardInterrupt:
         raise KeyboardInterrupt(_how_to_continue(args.resume or config.out)) from None
-    rewards = [r["reward_mean"] for r in rows]
+    rewards = [r["reward_mean"] for r in rows if "reward_mean" in r]
     if rewards:
         first, last = rewards[:5], rewards[-5:]
         gain = sum(last) / len(last) - sum(first) / len(first)
