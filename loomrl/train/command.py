@@ -116,8 +116,13 @@ def report(config: TrainConfig, rows: list[dict[str, Any]]) -> str:
             f"{r.get('learner_s') or 0:.1f} | {r['sync_s']:.1f} |"
         )
     if evals:
-        lines += ["", "Evaluation on held-out examples (greedy; pass@k over eval_n samples):",
-                  "", "| step | reward | pass@1 | pass@k | length |", "|---:|---:|---:|---:|---:|"]
+        lines += [
+            "",
+            "Evaluation on held-out examples (greedy; pass@k over eval_n samples):",
+            "",
+            "| step | reward | pass@1 | pass@k | length |",
+            "|---:|---:|---:|---:|---:|",
+        ]
         lines += [
             f"| {r['step']} | {r['eval/reward_mean']:.3f} | {r['eval/pass@1']:.3f} | "
             f"{r['eval/pass@k']:.3f} | {r['eval/length_mean']:.1f} |"

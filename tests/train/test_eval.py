@@ -12,7 +12,7 @@ import re
 import pytest
 
 from loomrl.algos.pass_at_k import mean_pass_at_k, pass_at_k
-from loomrl.data import DataConfig, DataError
+from loomrl.data import DataError
 from loomrl.envs import load as load_env
 from loomrl.report import build_report, load_run
 from loomrl.runs import read_trajectories
