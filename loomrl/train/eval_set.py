@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from loomrl.config import MAX_SEED
-from loomrl.data import DataConfig, DataError, Drawn
+from loomrl.data import DataConfig, DataError, Drawn, NeedsData
 from loomrl.envs import Environment
 
 # XOR-ed into the run's seed: the eval stream differs from the training one for every seed.
@@ -58,7 +58,13 @@ def held_out_of_env(
 ) -> tuple[list[Example], int]:
     """``count`` examples of ``env``'s generator from the eval stream of ``seed``, none in
     ``train`` while unseen ones last; returns them and how many had to overlap."""
-    candidates = env.dataset(count * 4 + 64, seed=eval_seed(seed))
+    try:
+        candidates = env.dataset(count * 4 + 64, seed=eval_seed(seed))
+    except TypeError as exc:
+        raise NeedsData(
+            f"environment {env.name!r} generates no examples: evaluate it on data "
+            "(--data FILE, or eval_data / data with eval_size in a training config)"
+        ) from exc
     seen = {content_key(e) for e in train}
     fresh, rest = [], []
     for example in candidates:
