@@ -16,6 +16,7 @@ from loomrl.data import DataError
 from loomrl.envs import load as load_env
 from loomrl.report import build_report, load_run
 from loomrl.runs import read_trajectories
+from loomrl.train.command import report
 from loomrl.train.config import TrainConfig
 from loomrl.train.eval_set import content_key, eval_seed, held_out_of_env
 from loomrl.train.evaluate import eval_due, eval_metrics, eval_tasks, passed
@@ -199,6 +200,9 @@ async def test_training_evaluates_at_step_0_every_k_steps_and_at_the_end(tmp_pat
     assert "length_mean" not in by_name
     length = next(f for f in figures if f["id"] == "eval-length")
     assert length["data"][0]["x"] == [0, 2, 3]
+    markdown = report(cfg, rows)  # report.md: the step-0 row is no training step
+    assert "| 3 | " in markdown and "| 0 | " in markdown.split("Evaluation on held-out")[1]
+    assert markdown.count("\n| 0 | ") == 1
 
 
 async def test_a_resumed_run_keeps_its_baseline_and_does_not_evaluate_it_again(tmp_path, engines):
