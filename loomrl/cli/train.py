@@ -133,6 +133,10 @@ def cmd_train(args: argparse.Namespace) -> int:
     check_engine_args(config.engine_args, source)
     check_log_to(config, source)
     drawn = draw_tasks(config)  # every data problem stops here, before anything is written
+    if config.eval_every:
+        from loomrl.train.evaluate import eval_tasks
+
+        eval_tasks(config, drawn)  # and every problem with the held-out eval examples
     if args.resume is not None:
         check_resumable(args.resume, config)
         check_record(args.resume, {n: d.fingerprint for n, d in drawn.items() if d.fingerprint})

@@ -111,3 +111,15 @@ def test_a_damaged_checkpoint_is_named(cli, run, tmp_path):
     shutil.rmtree(run / "checkpoints" / "step-000002" / "model")
     result = cli("eval", "--model", run, "--out", tmp_path / "o")
     assert result.code == 2 and "step-000002/model is missing or has no config.json" in result.error
+
+
+def test_train_refuses_evaluation_without_held_out_rows_before_it_starts(cli, tmp_path):
+    data = tmp_path / "qa.jsonl"
+    data.write_text('{"question": "1+1?", "answer": "2"}\n')
+    config = tmp_path / "t.toml"
+    config.write_text(f'[train]\nmodel = "tiny-random"\nenv = "qa"\ndata = "{data}"\n'
+                      "steps = 2\neval_every = 1\n")  # fmt: skip
+    result = cli("train", config, "--out", tmp_path / "run")
+    assert result.code == 2
+    assert result.error.startswith("[train] data: evaluation needs examples the run does not")
+    assert not (tmp_path / "run").exists()
