@@ -25,7 +25,7 @@ RUN_MARKERS = (
 RUN_FILES = (
     *RUN_MARKERS, f"{BUFFER}-wal", f"{BUFFER}-shm", "report.md", "report.html",
     "experience.parquet",
-    "experience_stats.json", "tensorboard", "wandb", RECORD,
+    "experience_stats.json", "tensorboard", "wandb", RECORD, "eval",
 )  # fmt: skip
 
 

@@ -3,6 +3,6 @@ reward and advantage shaping. Callers reach estimators only through
 ``loomrl.algos.advantages.compute(name, **inputs)``.
 """
 
-from loomrl.algos import advantages, kl, returns, shaping, stats
+from loomrl.algos import advantages, kl, pass_at_k, returns, shaping, stats
 
-__all__ = ["advantages", "kl", "returns", "shaping", "stats"]
+__all__ = ["advantages", "kl", "pass_at_k", "returns", "shaping", "stats"]

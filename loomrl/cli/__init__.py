@@ -14,9 +14,20 @@ import threading
 import traceback
 from typing import Any
 
-from loomrl.cli import doctor, envs, experience, generate, models, report, rollout, train
+from loomrl.cli import (
+    doctor,
+    envs,
+    evaluate,
+    experience,
+    generate,
+    models,
+    report,
+    rollout,
+    train,
+)
 from loomrl.cli.doctor import cmd_doctor
 from loomrl.cli.envs import cmd_envs
+from loomrl.cli.evaluate import cmd_eval
 from loomrl.cli.experience import cmd_experience
 from loomrl.cli.generate import cmd_generate
 from loomrl.cli.models import cmd_models
@@ -26,11 +37,11 @@ from loomrl.cli.rollout import cmd_rollout
 from loomrl.cli.train import cmd_train
 
 __all__ = [
-    "build_parser", "cmd_doctor", "cmd_envs", "cmd_experience", "cmd_generate", "cmd_models",
-    "cmd_report", "cmd_rollout", "cmd_train", "main",
+    "build_parser", "cmd_doctor", "cmd_envs", "cmd_eval", "cmd_experience", "cmd_generate",
+    "cmd_models", "cmd_report", "cmd_rollout", "cmd_train", "main",
 ]  # fmt: skip
 
-COMMANDS = (doctor, models, generate, envs, rollout, experience, train, report)
+COMMANDS = (doctor, models, generate, envs, rollout, experience, train, evaluate, report)
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -135,6 +135,10 @@ def cmd_train(args: argparse.Namespace) -> int:
     check_engine_args(config.engine_args, source)
     check_log_to(config, source)
     drawn = draw_tasks(config)  # every data problem stops here, before anything is written
+    if config.eval_every:
+        from loomrl.train.evaluate import eval_tasks
+
+        eval_tasks(config, drawn)  # and every problem with the held-out eval examples
     if args.resume is not None:
         check_resumable(args.resume, config)
         check_record(args.resume, {n: d.fingerprint for n, d in drawn.items() if d.fingerprint})
@@ -149,7 +153,7 @@ def cmd_train(args: argparse.Namespace) -> int:
         )
     except KeyboardInterrupt:
         raise KeyboardInterrupt(_how_to_continue(args.resume or config.out)) from None
-    rewards = [r["reward_mean"] for r in rows]
+    rewards = [r["reward_mean"] for r in rows if "reward_mean" in r]
     if rewards:
         first, last = rewards[:5], rewards[-5:]
         gain = sum(last) / len(last) - sum(first) / len(first)

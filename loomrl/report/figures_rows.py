@@ -46,11 +46,18 @@ def lines_of(runs: Sequence[Run], keys: Sequence[tuple[str, str]]) -> list[dict[
 
 def row_plots(runs: Sequence[Run], plots: Plots) -> None:
     evals = sorted({k for run in runs for row in run.rows for k in row if k.startswith("eval/")})
-    if evals:
+    scores = [k for k in evals if k != "eval/length_mean"]  # rewards and pass rates share a scale
+    if scores:
         plots.add(
-            Figure("eval", "Reward", "Eval metrics", lines_of(runs, [(k, k[5:]) for k in evals])),
+            Figure("eval", "Reward", "Eval metrics", lines_of(runs, [(k, k[5:]) for k in scores])),
             "no eval rows",
         )
+    if "eval/length_mean" in evals:
+        plots.add(
+            Figure("eval-length", "Reward", "Eval: generated tokens per trajectory (greedy)",
+                   lines_of(runs, [("eval/length_mean", "length_mean")])),
+            "no eval rows",
+        )  # fmt: skip
     for key, title in LEARNER:
         plots.add(
             Figure(f"learner-{key}", "Learner", title, lines_of(runs, [(key, key)])),

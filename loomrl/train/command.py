@@ -24,7 +24,7 @@ COLUMNS = (
     ("step", "{:.0f}"), ("reward_mean", "{:.3f}"), ("reward/correct", "{:.3f}"),
     ("completion_tokens_mean", "{:.1f}"), ("entropy", "{:.3f}"), ("kl", "{:.4f}"),
     ("grad_norm", "{:.3f}"), ("rollout_s", "{:.1f}"), ("learner_s", "{:.1f}"),
-    ("sync_s", "{:.1f}"),
+    ("sync_s", "{:.1f}"), ("eval/pass@1", "{:.3f}"),
 )  # fmt: skip
 
 
@@ -92,6 +92,8 @@ async def run_train(
 
 def report(config: TrainConfig, rows: list[dict[str, Any]]) -> str:
     """Markdown: the first-5 vs last-5 reward change and the per-step curve."""
+    evals = [r for r in rows if "eval/pass@1" in r]
+    rows = [r for r in rows if "reward_mean" in r]  # not the step-0 evaluation's row
     rewards = [r["reward_mean"] for r in rows]
     first, last = rewards[:5], rewards[-5:]
     gain = sum(last) / max(len(last), 1) - sum(first) / max(len(first), 1)
@@ -113,6 +115,19 @@ def report(config: TrainConfig, rows: list[dict[str, Any]]) -> str:
             f"{r['completion_tokens_mean']:.1f} | {r['rollout_s']:.1f} | "
             f"{r.get('learner_s') or 0:.1f} | {r['sync_s']:.1f} |"
         )
+    if evals:
+        lines += [
+            "",
+            "Evaluation on held-out examples (greedy; pass@k over eval_n samples):",
+            "",
+            "| step | reward | pass@1 | pass@k | length |",
+            "|---:|---:|---:|---:|---:|",
+        ]
+        lines += [
+            f"| {r['step']} | {r['eval/reward_mean']:.3f} | {r['eval/pass@1']:.3f} | "
+            f"{r['eval/pass@k']:.3f} | {r['eval/length_mean']:.1f} |"
+            for r in evals
+        ]
     if rows and "producer/groups_launched" in rows[-1]:
         p = {k.removeprefix("producer/"): v for k, v in rows[-1].items() if "producer/" in k}
         lines += [

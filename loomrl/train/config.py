@@ -153,6 +153,25 @@ class TrainConfig(BaseModel):
         description="π_old of the PPO ratio: the learner's recompute before the first update, "
         "or the engine's sampling logprobs",
     )
+    eval_every: int | None = Field(
+        None, ge=0,
+        description="steps between evaluations on held-out examples, also before the first "
+        "step and after the last (0 or None: off)",
+    )  # fmt: skip
+    eval_examples: int = Field(64, ge=1, description="held-out examples per task per evaluation")
+    eval_n: int = Field(
+        4, ge=1, description="samples per eval example at `temperature`, for pass@k (k = eval_n)"
+    )
+    eval_pass_threshold: float = Field(
+        1.0, allow_inf_nan=False,
+        description="a sample passes if its `correct` reward component is >= 1, or (an env "
+        "without one) its reward is >= this",
+    )  # fmt: skip
+    eval_data: DataConfig | None = Field(
+        None,
+        description="the single env's eval examples from this data file (default: data's "
+        "held-out rows, or the env's generator disjoint from the training examples)",
+    )
     micro_batch_tokens: int = Field(2048, ge=1, description="tokens per forward/backward")
     # Shaping, KL and sync knobs (loomrl.train.shaping; docs/training.md "Knobs").
     reward_norm: Literal["none", "batch", "running"] = Field(
@@ -298,6 +317,16 @@ class TrainConfig(BaseModel):
         if value and info.data.get("data") is not None:
             raise ValueError(
                 "data is the single env's; with tasks, give each task its own [tasks.NAME] data"
+            )
+        return value
+
+    @field_validator("eval_data")
+    @classmethod
+    def _eval_data_single(cls, value: DataConfig | None, info: ValidationInfo) -> Any:
+        if value is not None and info.data.get("tasks"):
+            raise ValueError(
+                "eval_data is the single env's; with tasks, hold eval rows out of each "
+                "task's data (eval_size or eval_split)"
             )
         return value
 

@@ -42,6 +42,7 @@ from loomrl.train.checkpoint import (
 )
 from loomrl.train.config import TrainConfig, example_pool
 from loomrl.train.critic import Critic, Estimate, open_critic
+from loomrl.train.evaluate import eval_due, eval_row, eval_settings, eval_tasks
 from loomrl.train.learner import Learner
 from loomrl.train.loggers import open_sinks
 from loomrl.train.shaping import Shaper
@@ -104,6 +105,7 @@ async def train(
     if resume:
         check_record(out, _fingerprints(drawn))
     tasks = _tasks(config, drawn)
+    evals = eval_tasks(config, drawn) if config.eval_every else []
     dtype = getattr(torch, config.dtype)
     try:
         model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=dtype)
@@ -143,6 +145,16 @@ async def train(
         raise
     producer = _producer(config, engine, buffer, tasks)
     try:
+        if evals and start == 0:  # the model before training: every curve's baseline
+            row = await eval_row(engine, evals, eval_settings(config), out, 0)
+            row = {"step": 0, **row, "eval_overlap": sum(t.overlap for t in evals)}
+            with open(out / "metrics.jsonl", "a") as f:
+                f.write(json.dumps(row) + "\n")
+            rows.append(row)
+            for sink in sinks:
+                sink(row)
+            if on_step is not None:
+                on_step(row)
         for step in range(start, config.steps):
             started = time.perf_counter()
             groups = await producer.next_batch(step)
@@ -167,6 +179,8 @@ async def train(
                 **_rollout_metrics(trajs, production, rows[-1] if rows else None), **production,
                 **{k: v for task in tasks for k, v in task.env.run_info().items()},
             )  # fmt: skip
+            if evals and eval_due(step + 1, config.eval_every, config.steps):
+                row.update(await eval_row(engine, evals, eval_settings(config), out, step + 1))
             write_trajectories(out / "trajectories" / f"step-{step + 1:06d}.parquet", trajs)
             with open(out / "metrics.jsonl", "a") as f:
                 f.write(json.dumps(row) + "\n")

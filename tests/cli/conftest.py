@@ -17,7 +17,7 @@ from train_runs import TINY_TRAIN
 from loomrl import rollout_cli
 from loomrl.cli import generate, main
 from loomrl.engines import ScriptedEngine
-from loomrl.train import loop
+from loomrl.train import eval_command, loop
 from loomrl.train.config import TrainConfig
 
 
@@ -58,6 +58,7 @@ def no_vllm(monkeypatch):
     monkeypatch.setattr(rollout_cli, "vllm_engine", _refuse)
     monkeypatch.setattr(loop, "engine_factory", lambda config: _refuse)
     monkeypatch.setattr(generate, "make_engine", _refuse)
+    monkeypatch.setattr(eval_command, "vllm_engine", _refuse)
 
 
 @pytest.fixture
@@ -79,6 +80,7 @@ def scripted(monkeypatch, tokenizer):
     monkeypatch.setattr(rollout_cli, "vllm_engine", lambda config: engine())
     monkeypatch.setattr(loop, "engine_factory", lambda config: lambda d, v: engine(v))
     monkeypatch.setattr(generate, "make_engine", lambda model, max_len: engine())
+    monkeypatch.setattr(eval_command, "vllm_engine", lambda target, config, settings: engine())
     return made
 
 
