@@ -30,6 +30,7 @@ from loomrl.data import DataConfig
 from loomrl.models import DEFAULT_MODEL
 from loomrl.rollout.turn_rewards import TurnReward
 from loomrl.train.learner import LearnerConfig
+from loomrl.train.lora import LoraConfig
 from loomrl.train.presets import Algorithm, apply_preset
 
 
@@ -151,6 +152,11 @@ class TrainConfig(BaseModel):
         "learner",
         description="π_old of the PPO ratio: the learner's recompute before the first update, "
         "or the engine's sampling logprobs",
+    )
+    lora: LoraConfig | None = Field(
+        None,
+        description="train LoRA adapters {r, alpha, dropout, targets} on the frozen model "
+        "instead of all its weights (None: full fine-tuning; needs loomrl[lora])",
     )
     micro_batch_tokens: int = Field(2048, ge=1, description="tokens per forward/backward")
     checkpoint_every: int = Field(10, ge=1, description="steps between checkpoints")

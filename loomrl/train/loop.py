@@ -42,6 +42,7 @@ from loomrl.train.checkpoint import (
 from loomrl.train.config import TrainConfig, example_pool
 from loomrl.train.learner import Learner
 from loomrl.train.loggers import open_sinks
+from loomrl.train.lora import adapters_off, attach, sync_weights
 from loomrl.types import SamplingParams, Trajectory
 
 StepCallback = Callable[[dict[str, Any]], None]
@@ -88,11 +89,13 @@ async def train(
     if not resume:
         check_new_run(out, "train", overwrite=overwrite)
     check_estimator(config.estimator, config.estimator_options)
-    start, model_dir, learner_state = 0, resolve(config.model), None
+    start, model_dir, learner_state, adapter = 0, resolve(config.model), None, None
     if resume:
         checkpoint = latest_checkpoint(out)
         start, model_dir, run_id = checkpoint.step, checkpoint.model_dir, checkpoint.run_id
         learner_state = load_learner_state(checkpoint)
+        if config.lora is not None:  # the checkpoint holds the adapter over the base model
+            model_dir, adapter = resolve(config.model), checkpoint.adapter_dir
     else:
         run_id = uuid.uuid4().hex
         torch.manual_seed(config.seed)
@@ -104,12 +107,16 @@ async def train(
     try:
         model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=dtype)
         tokenizer = AutoTokenizer.from_pretrained(model_dir)
+        if config.lora is not None:
+            model = attach(model, config.lora, adapter)
     except Exception as exc:  # transformers and safetensors raise many kinds
         if not resume:
             raise
         raise CheckpointError(f"{model_dir}: the checkpoint's model does not load ({exc})") from exc
     reference = None
-    if config.kl_coef:
+    if config.kl_coef and config.lora is not None:
+        reference = adapters_off(model)  # the frozen base itself: no second copy
+    elif config.kl_coef:
         reference = AutoModelForCausalLM.from_pretrained(resolve(config.model), dtype=dtype)
         reference.requires_grad_(False)
     learner = Learner(model, config.learner(), reference)
@@ -125,6 +132,8 @@ async def train(
             return rows
         sinks = open_sinks(config.log_to, out, config.model_dump(mode="json"))
         engine = (make_engine or engine_factory(config))(model_dir, start)
+        if adapter is not None:  # a resumed LoRA run's engine starts from the base model
+            await engine.update_weights(sync_weights(model), version=start)
     except BaseException:
         buffer.close()
         raise
@@ -141,7 +150,7 @@ async def train(
             row = _step(config, learner, trajs, tokenizer.pad_token_id or 0)
             # Synced even after a skipped learner step: versions count steps, which is
             # what the staleness bound is measured in.
-            sync_s = await producer.update_weights(model.state_dict(), version=step + 1)
+            sync_s = await producer.update_weights(sync_weights(model), version=step + 1)
             production = _producer_row(buffer)
             row.update(
                 step=step + 1, rollout_s=rollout_s, sync_s=sync_s,
