@@ -112,7 +112,8 @@ async def train(
     except Exception as exc:  # transformers and safetensors raise many kinds
         if not resume:
             raise
-        raise CheckpointError(f"{model_dir}: the checkpoint's model does not load ({exc})") from exc
+        where = adapter or model_dir  # a LoRA run's checkpoint holds the adapter
+        raise CheckpointError(f"{where}: the checkpoint's model does not load ({exc})") from exc
     reference = None
     if config.kl_coef and config.lora is not None:
         reference = adapters_off(model)  # the frozen base itself: no second copy

@@ -15,7 +15,13 @@ from transformers import AutoModelForCausalLM
 from loomrl.engines import ScriptedEngine
 from loomrl.experience import compute_logprobs
 from loomrl.models import resolve
-from loomrl.train.checkpoint import check_checkpoint, latest_checkpoint, list_checkpoints
+from loomrl.train.checkpoint import (
+    CheckpointError,
+    check_checkpoint,
+    latest_checkpoint,
+    list_checkpoints,
+)
+from loomrl.train.command import resume_config
 from loomrl.train.config import TrainConfig
 from loomrl.train.learner import Learner, LearnerConfig
 from loomrl.train.loop import train
@@ -178,12 +184,19 @@ async def test_syncs_send_merged_weights_and_checkpoints_hold_the_adapter(tmp_pa
     exported = export_merged(checkpoint.adapter_dir, tmp_path / "merged", base="tiny-random")
     model = AutoModelForCausalLM.from_pretrained(exported, dtype=torch.float32)
     assert_same_weights(model.state_dict(), last, atol=1e-2)  # saved in the base's bf16
+    (checkpoint.adapter_dir / "adapter_model.safetensors").unlink()  # lost
+    with pytest.raises(CheckpointError, match=r"adapter_model\.safetensors is missing"):
+        check_checkpoint(checkpoint)
+    with pytest.raises(CheckpointError, match=r"adapter: the checkpoint's model does not load"):
+        await train(config(), tmp_path / "run", resume=True, make_engine=engines)
+    assert len(engines.made) == 1  # refused before an engine started
 
 
 async def test_a_lora_run_resumes_from_its_adapter_and_optimizer(tmp_path, engines):
     with pytest.raises(Crash):
         await train(config(), tmp_path, make_engine=engines, on_step=crash_after(3))
     assert [c.step for c in list_checkpoints(tmp_path)] == [2]
+    assert resume_config(tmp_path).lora == config().lora  # config.toml keeps [train.lora]
     at_two = dict(engines.made[0].synced)[2]
     rows = await train(config(), tmp_path, resume=True, make_engine=engines)
     assert [r["step"] for r in rows] == [1, 2, 3, 4]
