@@ -5,6 +5,7 @@ weights, checkpoints hold the adapter and resume from it, and bad configs say wh
 from __future__ import annotations
 
 import copy
+import sys
 
 import pytest
 import torch
@@ -230,3 +231,9 @@ async def test_an_unknown_target_fails_before_the_engine_starts(tmp_path, engine
     with pytest.raises(LoraError, match="its linear modules are: down_proj, gate_proj"):
         await train(config(lora={"targets": ["attn"]}), tmp_path, make_engine=engines)
     assert engines.made == [] and not (tmp_path / "metrics.jsonl").exists()
+
+
+def test_lora_without_peft_installed_says_how_to_install_it(base, monkeypatch):
+    monkeypatch.setitem(sys.modules, "peft", None)  # what an environment without it imports
+    with pytest.raises(LoraError, match=r"pip install 'loomrl\[lora\]'"):
+        lora_model(base)
