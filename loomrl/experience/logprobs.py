@@ -184,4 +184,6 @@ def _target_logprobs(
 
 
 def _accepts_logits_to_keep(model: torch.nn.Module) -> bool:
-    return "logits_to_keep" in inspect.signature(model.forward).parameters
+    # A peft (LoRA) model's forward takes **kwargs and hands them to the model it wraps.
+    inner = model.get_base_model() if hasattr(model, "get_base_model") else model
+    return "logits_to_keep" in inspect.signature(inner.forward).parameters

@@ -1,11 +1,12 @@
 """Checkpoints of a training run: ``RUN/checkpoints/step-NNNNNN/``.
 
 Each holds the model and tokenizer (an HF directory that vLLM and transformers load as
-is), ``learner.pt`` (optimizer, LR schedule, step count), ``critic.pt`` (only with a
-critic: its weights, value head and optimizer), ``rng.pt`` (torch and Python
-RNG states) and ``state.json`` (the step it was taken after and the id of the run that
-wrote it). A checkpoint is written to a temporary directory and renamed into place, so
-a crash never leaves a half one behind; of the checkpoints with the writer's run id, the
+is; a LoRA run's holds ``adapter/`` instead, see ``loomrl.train.lora``), ``learner.pt``
+(optimizer, LR schedule, step count), ``critic.pt`` (only with a critic: its weights,
+value head and optimizer), ``rng.pt`` (torch and Python RNG states) and ``state.json``
+(the step it was taken after and the id of the run that wrote it). A checkpoint is
+written to a temporary directory and renamed into place, so a crash never leaves a half
+one behind; of the checkpoints with the writer's run id, the
 newest ``keep`` survive: pruning never touches another run's files.
 
 Opening a checkpoint never runs code: the ``.pt`` files hold only tensors and plain data
@@ -27,6 +28,8 @@ from typing import Any
 
 import torch
 
+from loomrl.train.lora import is_lora
+
 PREFIX = "step-"
 CRITIC = "critic.pt"  # only in the checkpoints of a run with a critic
 
@@ -44,6 +47,11 @@ class Checkpoint:
     @property
     def model_dir(self) -> Path:
         return self.path / "model"
+
+    @property
+    def adapter_dir(self) -> Path:
+        """A LoRA run's adapter (``loomrl.train.lora``), saved instead of ``model/``."""
+        return self.path / "adapter"
 
 
 def save_checkpoint(
@@ -63,8 +71,9 @@ def save_checkpoint(
     if owner is not None and owner.run_id != run_id:
         raise CheckpointError(f"{final} belongs to another run; not replacing it")
     shutil.rmtree(tmp, ignore_errors=True)
-    model.save_pretrained(tmp / "model", safe_serialization=True)
-    tokenizer.save_pretrained(tmp / "model")
+    weights = tmp / ("adapter" if is_lora(model) else "model")  # LoRA: the adapter only
+    model.save_pretrained(weights, safe_serialization=True)
+    tokenizer.save_pretrained(weights)
     torch.save(learner_state, tmp / "learner.pt")
     if critic_state is not None:
         torch.save(critic_state, tmp / CRITIC)
@@ -137,6 +146,13 @@ def check_checkpoint(checkpoint: Checkpoint) -> None:
     critic = [CRITIC] if (checkpoint.path / CRITIC).exists() else []
     for name in ("rng.pt", "learner.pt", *critic):
         _load(checkpoint.path / name, mmap=True)
+    if checkpoint.adapter_dir.is_dir():  # a LoRA run's: the adapter, over the run's model
+        for name in ("adapter_config.json", "adapter_model.safetensors"):
+            if not (checkpoint.adapter_dir / name).is_file():
+                raise CheckpointError(
+                    f"{checkpoint.adapter_dir / name} is missing: the checkpoint is incomplete"
+                )
+        return
     if not checkpoint.model_dir.is_dir():
         raise CheckpointError(f"{checkpoint.model_dir} is missing: the checkpoint is incomplete")
     try:

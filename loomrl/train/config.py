@@ -31,6 +31,7 @@ from loomrl.models import DEFAULT_MODEL
 from loomrl.rollout.turn_rewards import TurnReward
 from loomrl.train.critic import CriticConfig, check_critic
 from loomrl.train.learner import LearnerConfig
+from loomrl.train.lora import LoraConfig
 from loomrl.train.presets import Algorithm, apply_preset
 
 
@@ -172,6 +173,11 @@ class TrainConfig(BaseModel):
         description="the single env's eval examples from this data file (default: data's "
         "held-out rows, or the env's generator disjoint from the training examples)",
     )
+    lora: LoraConfig | None = Field(
+        None,
+        description="train LoRA adapters {r, alpha, dropout, targets} on the frozen model "
+        "instead of all its weights (None: full fine-tuning; needs loomrl[lora])",
+    )
     micro_batch_tokens: int = Field(2048, ge=1, description="tokens per forward/backward")
     # Shaping, KL and sync knobs (loomrl.train.shaping; docs/training.md "Knobs").
     reward_norm: Literal["none", "batch", "running"] = Field(
@@ -281,6 +287,11 @@ class TrainConfig(BaseModel):
         needs_ref += ["kl_in = 'reward'"] if self.kl_in == "reward" else []
         if needs_ref and not self.kl_coef:
             raise ValueError(f"{', '.join(needs_ref)} needs a reference: set kl_coef > 0")
+        if self.ref_refresh_every and self.lora is not None:
+            raise ValueError(
+                "ref_refresh_every cannot move a LoRA run's reference: it is the base model "
+                "with the adapters off (leave ref_refresh_every unset, or train all weights)"
+            )
         lag = self.sync_weights_interval - 1
         if lag > self.max_staleness:
             raise ValueError(

@@ -91,6 +91,13 @@ def find_target(spec: str) -> Target:
 
 
 def _model_dir(path: Path) -> Path:
+    adapter = path.parent / "adapter"
+    if not path.exists() and (adapter / "adapter_config.json").is_file():
+        raise CheckpointError(
+            f"{path.parent} is a LoRA checkpoint (adapter/, no model/): write a model to "
+            f"score with loomrl.train.lora.export_merged({str(adapter)!r}, OUT), then "
+            "loomrl eval --model OUT"
+        )
     if not (path / "config.json").is_file():
         raise CheckpointError(
             f"{path} is missing or has no config.json: the checkpoint is incomplete"

@@ -45,6 +45,7 @@ from loomrl.train.critic import Critic, Estimate, open_critic
 from loomrl.train.evaluate import eval_due, eval_row, eval_settings, eval_tasks
 from loomrl.train.learner import Learner
 from loomrl.train.loggers import open_sinks
+from loomrl.train.lora import adapters_off, attach, sync_weights
 from loomrl.train.shaping import Shaper
 from loomrl.types import SamplingParams, Trajectory
 
@@ -92,12 +93,20 @@ async def train(
     if not resume:
         check_new_run(out, "train", overwrite=overwrite)
     check_estimator(config.estimator, config.estimator_options, with_values=config.critic)
-    start, model_dir, learner_state, critic_state = 0, resolve(config.model), None, None
+    start, model_dir, learner_state, critic_state, adapter = (
+        0,
+        resolve(config.model),
+        None,
+        None,
+        None,
+    )
     if resume:
         checkpoint = latest_checkpoint(out)
         start, model_dir, run_id = checkpoint.step, checkpoint.model_dir, checkpoint.run_id
         learner_state = load_learner_state(checkpoint)
         critic_state = load_critic_state(checkpoint) if config.critic else None
+        if config.lora is not None:  # the checkpoint holds the adapter over the base model
+            model_dir, adapter = resolve(config.model), checkpoint.adapter_dir
     else:
         run_id = uuid.uuid4().hex
         torch.manual_seed(config.seed)
@@ -110,12 +119,17 @@ async def train(
     try:
         model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=dtype)
         tokenizer = AutoTokenizer.from_pretrained(model_dir)
+        if config.lora is not None:
+            model = attach(model, config.lora, adapter)
     except Exception as exc:  # transformers and safetensors raise many kinds
         if not resume:
             raise
-        raise CheckpointError(f"{model_dir}: the checkpoint's model does not load ({exc})") from exc
+        where = adapter or model_dir  # a LoRA run's checkpoint holds the adapter
+        raise CheckpointError(f"{where}: the checkpoint's model does not load ({exc})") from exc
     reference = None
-    if config.kl_coef:
+    if config.kl_coef and config.lora is not None:
+        reference = adapters_off(model)  # the frozen base itself: no second copy
+    elif config.kl_coef:
         reference = AutoModelForCausalLM.from_pretrained(resolve(config.model), dtype=dtype)
         reference.requires_grad_(False)
     learner = Learner(model, config.learner(), reference)
@@ -140,6 +154,8 @@ async def train(
             return rows
         sinks = open_sinks(config.log_to, out, config.model_dump(mode="json"))
         engine = (make_engine or engine_factory(config))(model_dir, start)
+        if adapter is not None:  # a resumed LoRA run's engine starts from the base model
+            await engine.update_weights(sync_weights(model), version=start)
     except BaseException:
         buffer.close()
         raise
@@ -170,7 +186,7 @@ async def train(
             # only: the engine's version then lags, and the buffer measures staleness by it.
             sync_s, synced = 0.0, (step + 1) % config.sync_weights_interval == 0
             if synced or step + 1 == config.steps:
-                sync_s = await producer.update_weights(model.state_dict(), version=step + 1)
+                sync_s = await producer.update_weights(sync_weights(model), version=step + 1)
                 synced = True
             production = _producer_row(buffer)
             row.update(

@@ -113,6 +113,18 @@ def test_a_damaged_checkpoint_is_named(cli, run, tmp_path):
     assert result.code == 2 and "step-000002/model is missing or has no config.json" in result.error
 
 
+def test_a_lora_checkpoint_says_how_to_export_a_model(cli, run, tmp_path):
+    import shutil
+
+    step = run / "checkpoints" / "step-000002"
+    shutil.rmtree(step / "model")
+    (step / "adapter").mkdir()
+    (step / "adapter" / "adapter_config.json").write_text("{}")
+    result = cli("eval", "--model", step, "--out", tmp_path / "o")
+    assert result.code == 2 and "is a LoRA checkpoint (adapter/, no model/)" in result.error
+    assert "export_merged(" in result.error and not (tmp_path / "o").exists()
+
+
 def test_train_refuses_evaluation_without_held_out_rows_before_it_starts(cli, tmp_path):
     data = tmp_path / "qa.jsonl"
     data.write_text('{"question": "1+1?", "answer": "2"}\n')
