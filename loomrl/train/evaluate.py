@@ -116,14 +116,20 @@ async def eval_row(
     engine: Any, tasks: Sequence[EvalTask], settings: EvalSettings, out: Path, step: int
 ) -> dict[str, float]:
     """Evaluate after ``step`` steps (0: before training) for a training run in ``out``:
-    the metrics plus ``eval_s``; the trajectories go to ``out/eval/step-NNNNNN-greedy``
-    and ``-sampled.parquet``."""
+    the metrics plus ``eval_s`` and ``eval_policy_version`` (the engine's: with
+    ``sync_weights_interval`` > 1 it can lag ``step``); the trajectories go to
+    ``out/eval/step-NNNNNN-greedy`` and ``-sampled.parquet``."""
     started = time.perf_counter()
     result = await evaluate(engine, tasks, settings)
     (out / "eval").mkdir(parents=True, exist_ok=True)
     write_trajectories(out / "eval" / f"step-{step:06d}-greedy.parquet", result.greedy)
     write_trajectories(out / "eval" / f"step-{step:06d}-sampled.parquet", result.sampled)
-    return {**result.metrics, "eval_s": time.perf_counter() - started}
+    version = float(engine.policy_version)
+    return {
+        **result.metrics,
+        "eval_policy_version": version,
+        "eval_s": time.perf_counter() - started,
+    }
 
 
 def eval_due(step: int, every: int | None, steps: int) -> bool:

@@ -160,17 +160,21 @@ async def train(
         buffer.close()
         raise
     producer = _producer(config, engine, buffer, tasks)
+
+    def record(row: dict[str, Any]) -> None:
+        """A metrics row to metrics.jsonl, the returned rows, the sinks and ``on_step``."""
+        with open(out / "metrics.jsonl", "a") as f:
+            f.write(json.dumps(row) + "\n")
+        rows.append(row)
+        for sink in sinks:
+            sink(row)
+        if on_step is not None:
+            on_step(row)
+
     try:
         if evals and start == 0:  # the model before training: every curve's baseline
             row = await eval_row(engine, evals, eval_settings(config), out, 0)
-            row = {"step": 0, **row, "eval_overlap": sum(t.overlap for t in evals)}
-            with open(out / "metrics.jsonl", "a") as f:
-                f.write(json.dumps(row) + "\n")
-            rows.append(row)
-            for sink in sinks:
-                sink(row)
-            if on_step is not None:
-                on_step(row)
+            record({"step": 0, **row, "eval_overlap": sum(t.overlap for t in evals)})
         for step in range(start, config.steps):
             started = time.perf_counter()
             groups = await producer.next_batch(step)
@@ -198,13 +202,7 @@ async def train(
             if evals and eval_due(step + 1, config.eval_every, config.steps):
                 row.update(await eval_row(engine, evals, eval_settings(config), out, step + 1))
             write_trajectories(out / "trajectories" / f"step-{step + 1:06d}.parquet", trajs)
-            with open(out / "metrics.jsonl", "a") as f:
-                f.write(json.dumps(row) + "\n")
-            rows.append(row)
-            for sink in sinks:
-                sink(row)
-            if on_step is not None:
-                on_step(row)
+            record(row)
             if (step + 1) % config.checkpoint_every == 0 or step + 1 == config.steps:
                 state = {**learner.state_dict(), "shaping": shaper.state_dict(step + 1)}
                 save_checkpoint(

@@ -178,10 +178,12 @@ async def test_training_evaluates_at_step_0_every_k_steps_and_at_the_end(tmp_pat
     cfg = config(steps=3)
     rows = await train(cfg, tmp_path, make_engine=engines)
     assert [r["step"] for r in rows] == [0, 1, 2, 3]
-    assert set(rows[0]) == {"step", "eval_s", "eval_overlap", "eval/reward_mean", "eval/pass@1",
+    assert set(rows[0]) == {"step", "eval_s", "eval_overlap", "eval_policy_version",
+                            "eval/reward_mean", "eval/pass@1",
                             "eval/pass@k", "eval/sample_reward_mean", "eval/length_mean",
                             "eval/reward/correct", "eval/reward/format"}  # fmt: skip
     assert [("eval/pass@1" in r) for r in rows] == [True, False, True, True]
+    assert [r.get("eval_policy_version") for r in rows] == [0, None, 2, 3]
     (task,) = eval_tasks(cfg, draw_tasks(cfg))
     fours = sum(e["answer"] == 4 for e in task.examples) / len(task.examples)
     for row in (rows[0], rows[2], rows[3]):
