@@ -94,7 +94,9 @@ def cmd_eval(args: argparse.Namespace) -> int:
     tasks = ec.eval_set(request, config, settings.seed)  # data problems stop here
     console.print(f"[bold]eval[/] {len(tasks[0].examples)} examples x (greedy + {settings.n} "
                   "samples); starting vLLM takes ~30 s")  # fmt: skip
-    summary = asyncio.run(ec.run_eval(target, config, tasks, settings, out))
+    summary = asyncio.run(
+        ec.run_eval(target, config, tasks, settings, out, settings_run=args.run or target.run)
+    )
     console.print(ec.summary_table(summary, out))
     console.print(
         f"wrote {out}/eval.json, greedy.parquet, sampled.parquet", markup=False, highlight=False

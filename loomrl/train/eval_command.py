@@ -194,9 +194,11 @@ async def run_eval(
     settings: EvalSettings,
     out: Path,
     make_engine: Callable[[Target, TrainConfig | None, EvalSettings], Any] | None = None,
+    settings_run: Path | None = None,
 ) -> dict[str, Any]:
     """Serve the target, evaluate, write ``eval.json`` and the trajectories to ``out``;
-    return what ``eval.json`` holds."""
+    return what ``eval.json`` holds (``settings_run``: the run whose config and eval set
+    were used, the target's own or ``--run``)."""
     engine = (make_engine or vllm_engine)(target, config, settings)
     started = time.perf_counter()
     try:
@@ -208,6 +210,7 @@ async def run_eval(
     write_trajectories(out / "sampled.parquet", result.sampled)
     summary = {
         "model": target.model, "run": str(target.run) if target.run else None,
+        "settings_run": str(settings_run or target.run) if settings_run or target.run else None,
         "step": target.step, "envs": [t.name for t in tasks],
         "examples": sum(len(t.examples) for t in tasks),
         "overlap": sum(t.overlap for t in tasks), "n": settings.n,

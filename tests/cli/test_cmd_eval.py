@@ -30,6 +30,7 @@ def test_a_run_directory_is_scored_at_its_newest_checkpoint_on_its_held_out_set(
     assert result.code == 0, result.err
     summary = json.loads((out / "eval.json").read_text())
     assert summary["step"] == 2 and summary["run"] == str(run) and summary["envs"] == ["arith"]
+    assert summary["settings_run"] == str(run)
     assert summary["examples"] == 4 and summary["n"] == 2 and set(summary["metrics"]) == METRICS
     assert summary["model"] == str(run / "checkpoints" / "step-000002" / "model")
     assert len(read_trajectories(out / "greedy.parquet")) == 4
@@ -53,6 +54,7 @@ def test_a_checkpoint_and_the_base_model_on_the_runs_eval_set(cli, scripted, run
     assert base.code == 0, base.err
     summary = json.loads((tmp_path / "b" / "eval.json").read_text())
     assert summary["model"] == "tiny-random" and summary["step"] is None
+    assert summary["run"] is None and summary["settings_run"] == str(run)  # its settings, examples
     assert questions(tmp_path / "a" / "greedy.parquet") == questions(
         tmp_path / "b" / "greedy.parquet"
     )
