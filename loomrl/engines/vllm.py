@@ -73,6 +73,7 @@ class VLLMEngine:
             engine_args.setdefault("enable_chunked_prefill", False)
             if not engine_args["enable_chunked_prefill"]:
                 engine_args.setdefault("max_num_batched_tokens", max(context, 2048))
+        engine_args.setdefault("dtype", serving_dtype(self.model_path))
         engine_args.setdefault("worker_extension_cls", WEIGHT_LOADER)
         args = AsyncEngineArgs(
             model=str(self.model_path),
@@ -288,6 +289,25 @@ def _checkpoint_tensors(
 def _shared_memory_dir() -> str | None:
     """A RAM-backed directory for the weight file when the OS has one."""
     return "/dev/shm" if os.path.isdir("/dev/shm") and os.access("/dev/shm", os.W_OK) else None
+
+
+def serving_dtype(model_path: Path) -> str:
+    """The dtype vLLM serves ``model_path`` in: the model's own, except ``float32`` for a
+    16-bit model on a CPU without native bf16/fp16 matmuls (no AVX512-BF16 or AMX), where
+    vLLM emulates them: decoding is ~5.6× slower there (``benchmarks/cpu_dtype.py``)."""
+    import json
+
+    config = json.loads((model_path / "config.json").read_text())
+    dtype = str(config.get("dtype") or config.get("torch_dtype") or "auto")
+    if dtype in ("bfloat16", "float16") and _on_cpu() and not _native_half_matmuls():
+        return "float32"
+    return dtype
+
+
+def _native_half_matmuls() -> bool:
+    import torch
+
+    return bool(torch.cpu._is_avx512_bf16_supported() or torch.cpu._is_amx_tile_supported())
 
 
 def _on_cpu() -> bool:

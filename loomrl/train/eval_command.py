@@ -163,13 +163,13 @@ def eval_set(request: EvalRequest, config: TrainConfig | None, seed: int) -> lis
 
 
 def vllm_engine(target: Target, config: TrainConfig | None, settings: EvalSettings) -> Any:
-    """vLLM serving the target; a checkpoint in its base model's dtype, as training did."""
-    from loomrl.engines.vllm import VLLMEngine
+    """vLLM serving the target; a checkpoint in the dtype its base model was served in
+    during training (the learner saves float32)."""
+    from loomrl.engines.vllm import VLLMEngine, serving_dtype
 
     args = dict(config.engine_args) if config is not None else {}
     if config is not None:
-        base = json.loads((resolve(config.model) / "config.json").read_text())
-        args.setdefault("dtype", str(base.get("dtype") or base.get("torch_dtype") or "auto"))
+        args.setdefault("dtype", serving_dtype(resolve(config.model)))
     return VLLMEngine(target.model, max_model_len=settings.max_len, seed=settings.seed, **args)
 
 

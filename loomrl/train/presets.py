@@ -83,12 +83,12 @@ PRESETS: dict[str, tuple[dict[str, Any], str]] = {
     "ppo": (
         {"estimator": "gae", "estimator_options": {"gamma": 1.0, "lam": 0.95}, "loss": "pg",
          "aggregation": "token-mean", "clip_low": 0.2, "clip_high": 0.2, "kl_coef": 0.0,
-         "critic": True, "ppo_epochs": 2},
+         "critic": True, "ppo_epochs": 2, "whiten_advantages": True},
         "PPO with a critic (Schulman et al. 2017; GAE, Schulman et al. 2016): clip 0.2, "
         "GAE with λ = 0.95 (the PPO paper's) and γ = 1.0 (verl's; a token-level episode has "
         "no discount), value clip 0.5 (verl's cliprange_value), token mean; 2 epochs is "
-        "loomrl's choice (the paper: 3-10); no KL (verl's use_kl_in_reward default); the "
-        "advantages are not whitened (verl whitens GAE's)",
+        "loomrl's choice (the paper: 3-10); no KL (verl's use_kl_in_reward default); "
+        "advantages whitened over the batch (verl's GAE, OpenAI baselines)",
     ),
 }  # fmt: skip
 
