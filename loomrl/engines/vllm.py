@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING, Any
 import psutil
 
 from loomrl.engines.base import check_prompt, tokens_left
+from loomrl.hardware import cpu_has_native_bf16
 from loomrl.models import resolve
 from loomrl.types import Completion, SamplingParams
 
@@ -299,15 +300,9 @@ def serving_dtype(model_path: Path) -> str:
 
     config = json.loads((model_path / "config.json").read_text())
     dtype = str(config.get("dtype") or config.get("torch_dtype") or "auto")
-    if dtype in ("bfloat16", "float16") and _on_cpu() and not _native_half_matmuls():
+    if dtype in ("bfloat16", "float16") and _on_cpu() and not cpu_has_native_bf16():
         return "float32"
     return dtype
-
-
-def _native_half_matmuls() -> bool:
-    import torch
-
-    return bool(torch.cpu._is_avx512_bf16_supported() or torch.cpu._is_amx_tile_supported())
 
 
 def _on_cpu() -> bool:

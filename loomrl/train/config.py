@@ -113,8 +113,10 @@ class TrainConfig(BaseModel):
         "padded", description="training batch layout (packed pays off with varlen attention)"
     )
     dtype: Literal["float32", "bfloat16"] = Field("float32", description="learner weights")
-    autocast: Literal["bfloat16", "none"] = Field(
-        "bfloat16", description="mixed-precision matmuls in forward/backward ('none': dtype)"
+    autocast: Literal["auto", "bfloat16", "none"] = Field(
+        "auto",
+        description="mixed-precision matmuls in forward/backward ('none': dtype; 'auto': "
+        "bfloat16 where the hardware multiplies it natively, else none)",
     )
     lr: float = Field(1e-5, gt=0, allow_inf_nan=False, description="AdamW learning rate")
     weight_decay: float = Field(0.0, ge=0, allow_inf_nan=False, description="AdamW weight decay")
@@ -382,7 +384,7 @@ class TrainConfig(BaseModel):
             aggregation=self.aggregation, constant_normaliser=self.constant_normaliser,
             kl_coef=self.kl_coef, is_cap=self.is_cap, temperature=self.temperature,
             max_tokens=self.micro_batch_tokens,
-            autocast=None if self.autocast == "none" else self.autocast,
+            autocast=self.resolved_autocast(),
             loss=self.loss, drift_coef=self.drift_coef, ppo_epochs=self.ppo_epochs,
             mini_batch_size=self.mini_batch_size, old_logprobs=self.old_logprobs,
             kl_estimator=self.kl_estimator, entropy_coef=self.entropy_coef,
@@ -394,8 +396,20 @@ class TrainConfig(BaseModel):
             lr=self.critic_lr, weight_decay=self.weight_decay, max_grad_norm=self.max_grad_norm,
             value_clip=self.value_clip, vf_coef=self.vf_coef, ppo_epochs=self.ppo_epochs,
             mini_batch_size=self.mini_batch_size, max_tokens=self.micro_batch_tokens,
-            autocast=None if self.autocast == "none" else self.autocast,
+            autocast=self.resolved_autocast(),
         )  # fmt: skip
+
+    def resolved_autocast(self) -> str | None:
+        """The learner's matmul dtype: ``auto`` is bf16 only with hardware for it (a GPU,
+        or a CPU with AVX512-BF16/AMX); emulated bf16 was 24x slower than fp32 here."""
+        if self.autocast == "auto":
+            import torch
+
+            from loomrl.hardware import fast_bf16
+
+            device = "cuda" if torch.cuda.is_available() else "cpu"
+            return "bfloat16" if fast_bf16(device) else None
+        return None if self.autocast == "none" else self.autocast
 
 
 def example_pool(steps: int, prompts_per_step: int) -> int:

@@ -56,12 +56,12 @@ def engine_factory(config: TrainConfig) -> Callable[[Path, int], Any]:
     """The production engine: vLLM serving ``model_dir`` at ``policy_version``."""
 
     def make(model_dir: Path, policy_version: int) -> Any:
-        from loomrl.engines.vllm import VLLMEngine
+        from loomrl.engines.vllm import VLLMEngine, serving_dtype
 
         args = dict(config.engine_args)
-        # A checkpoint holds the learner's fp32 weights; serve them in the base model's
-        # dtype so a resumed run samples with the numerics it started with.
-        args.setdefault("dtype", _checkpoint_dtype(resolve(config.model)))
+        # A checkpoint holds the learner's fp32 weights; serve them in the dtype the base
+        # model is served in, so a resumed run samples with the numerics it started with.
+        args.setdefault("dtype", serving_dtype(resolve(config.model)))
         return VLLMEngine(
             str(model_dir), max_model_len=config.max_len, seed=config.seed,
             policy_version=policy_version, **args,
@@ -285,12 +285,6 @@ def _producer(
 def _producer_row(buffer: ReplayBuffer) -> dict[str, float | int]:
     """Cumulative producer counts (staleness, expiry, unused tokens, length bias)."""
     return {f"producer/{k}": v for k, v in producer_metrics(buffer).items()}
-
-
-def _checkpoint_dtype(model_dir: Path) -> str:
-    """The dtype a model directory's config declares (``auto`` when it says none)."""
-    config = json.loads((model_dir / "config.json").read_text())
-    return str(config.get("dtype") or config.get("torch_dtype") or "auto")
 
 
 def _step(

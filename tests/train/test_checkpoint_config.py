@@ -242,7 +242,20 @@ def test_learner_config_maps_every_field():
     )  # fmt: skip
     assert config.model_copy(update={"cosine_decay": False}).learner().total_steps == 0
     assert TrainConfig(is_cap=None).learner().is_cap is None
-    assert TrainConfig().learner().autocast == "bfloat16"
+    assert TrainConfig(autocast="bfloat16").learner().autocast == "bfloat16"
+
+
+@pytest.mark.parametrize("native", [True, False])
+def test_auto_autocast_is_bf16_only_with_hardware_for_it(monkeypatch, native):
+    """Emulated bf16 (a CPU without AVX512-BF16/AMX) made the learner 24x slower than fp32."""
+    import loomrl.hardware
+
+    monkeypatch.setattr("torch.cuda.is_available", lambda: False)
+    monkeypatch.setattr(loomrl.hardware, "cpu_has_native_bf16", lambda: native)
+    config = TrainConfig()
+    assert config.autocast == "auto"
+    assert config.learner().autocast == ("bfloat16" if native else None)
+    assert config.critic_config().autocast == config.learner().autocast
 
 
 def test_extend_steps_changes_only_steps_and_says_so(tmp_path):
