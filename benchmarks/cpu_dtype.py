@@ -52,7 +52,8 @@ async def decode_rate(dtype: str, concurrency: int, tokens: int) -> float:
 def learner_seconds(batch: int, length: int, rounds: int) -> dict[str, float]:
     """Median forward + backward seconds with bf16 autocast and in fp32."""
     model = AutoModelForCausalLM.from_pretrained(resolve(MODEL), dtype=torch.float32)
-    ids = torch.randint(0, model.config.vocab_size, (batch, length), generator=torch.Generator().manual_seed(0))  # fmt: skip
+    generator = torch.Generator().manual_seed(0)
+    ids = torch.randint(0, model.config.vocab_size, (batch, length), generator=generator)
     times: dict[str, list[float]] = {"bfloat16": [], "float32": []}
     for _ in range(rounds):
         for name in times:
@@ -74,7 +75,10 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--write", action="store_true")
     args = parser.parse_args()
-    rates = {d: asyncio.run(decode_rate(d, args.concurrency, args.tokens)) for d in ("bfloat16", "float32")}  # fmt: skip
+    rates = {
+        dtype: asyncio.run(decode_rate(dtype, args.concurrency, args.tokens))
+        for dtype in ("bfloat16", "float32")
+    }
     learner = learner_seconds(args.batch, args.length, args.rounds)
     chosen = serving_dtype(resolve(MODEL))
     lines = [
