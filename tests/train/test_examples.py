@@ -73,7 +73,8 @@ async def test_an_example_runs_three_steps_with_its_metrics(tmp_path, engines, n
             assert row["value_loss"] > 0 and row["critic_grad_norm"] > 0
         else:
             assert not set(VALUE_METRICS) & set(row)
-    if c.ppo_epochs > 1:  # PPO: off-policy updates, so the clip acts on some mini-batch
+    if c.ppo_epochs > 1 or c.mini_batch_size:  # updates after the first are off-policy,
+        # so the clip acts on some mini-batch
         assert max(r["clip_fraction_max"] for r in trained) > 0
         assert max(r["approx_kl_max"] for r in trained) > 0
     if c.kl_coef:  # KL to the initial model: 0 before the first update, then > 0
