@@ -9,10 +9,21 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from loomrl.engines.base import Engine, PromptTooLongError, check_prompt
+from loomrl.engines.base import Engine, EngineUnavailable, PromptTooLongError, check_prompt
+from loomrl.engines.pool import EnginePool, pool
 from loomrl.engines.scripted import ScriptedEngine
 
-__all__ = ["Engine", "PromptTooLongError", "ScriptedEngine", "check_prompt", "load", "register"]
+__all__ = [
+    "Engine",
+    "EnginePool",
+    "EngineUnavailable",
+    "PromptTooLongError",
+    "ScriptedEngine",
+    "check_prompt",
+    "load",
+    "pool",
+    "register",
+]
 
 EngineFactory = Callable[..., Engine]
 _FACTORIES: dict[str, EngineFactory] = {}

@@ -42,6 +42,15 @@ class Engine(Protocol):
     async def close(self) -> None: ...
 
 
+class EngineUnavailable(ConnectionError):
+    """The replica cannot serve: connection refused or reset, process died, timed out.
+
+    Engines raise it (or another ``ConnectionError`` / ``TimeoutError``) when the fault is
+    the replica's, not the request's: an engine pool then retires the replica and sends the
+    same request to another one.
+    """
+
+
 class PromptTooLongError(ValueError):
     """The prompt leaves no room for a single generated token in the model's context."""
 

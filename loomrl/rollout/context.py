@@ -92,8 +92,12 @@ class RolloutContext:
     in_flight: set[str] = field(default_factory=set)
     _ids: itertools.count = field(default_factory=itertools.count)
 
-    def request_id(self) -> str:
-        return f"{self.run_id}-{next(self._ids)}"
+    def request_id(self, traj_key: str | None = None) -> str:
+        """A request id unique in this rollout: ``RUN-KEY:N`` where ``KEY`` is stable for
+        one trajectory (every turn shares it: an engine pool routes by it, see
+        ``loomrl.engines.pool``) and ``N`` counts requests; ``RUN-N`` without a key."""
+        n = next(self._ids)
+        return f"{self.run_id}-{n}" if traj_key is None else f"{self.run_id}-{traj_key}:{n}"
 
     def release(self, state: EnvState | None) -> None:
         """``env.cleanup(state)``: the episode is over. A failure is a warning, not an

@@ -116,7 +116,13 @@ async def _play(
             made = len(ids) - turn_start
             t0 = time.perf_counter()
             out = await _generate(
-                ctx, traj.prompt_ids + ids, budget, stop, _seed(ctx, traj, turn, made), made
+                ctx,
+                traj.prompt_ids + ids,
+                budget,
+                stop,
+                _seed(ctx, traj, turn, made),
+                made,
+                key=f"{traj.group_id}.{traj.sample_index}",
             )
             clock["generate_s"] = clock.get("generate_s", 0.0) + time.perf_counter() - t0
             gate = ctx.gate
@@ -266,9 +272,11 @@ async def _generate(
     stop: tuple[str, ...] | None,
     seed: int | None,
     made: int = 0,
+    key: str | None = None,
 ) -> Completion:
     """One request; ``made`` tokens of this turn already exist (a continued turn), so the
-    turn's ``max_tokens`` and ``min_tokens`` count them."""
+    turn's ``max_tokens`` and ``min_tokens`` count them. ``key`` names the trajectory in
+    the request id (``ctx.request_id``), so an engine pool keeps its turns on one replica."""
     params = ctx.sampling
     if budget < params.max_tokens - made or stop or seed is not None or made:
         left = min(params.max_tokens - made, budget)
@@ -279,7 +287,7 @@ async def _generate(
             stop=params.stop + tuple(stop or ()),
             seed=seed,
         )
-    request_id = ctx.request_id()
+    request_id = ctx.request_id(key)
     ctx.in_flight.add(request_id)
     try:
         return await ctx.engine.generate(prompt, params, request_id=request_id)
