@@ -132,7 +132,7 @@ class EnginePool:
                     continue
                 finally:
                     replica.outstanding -= 1
-                    del self._where[request_id]
+                    self._where.pop(request_id, None)
                 replica.requests += 1
                 replica.tokens += len(out.token_ids)
                 return out
