@@ -260,8 +260,9 @@ class EnginePool:
     # -- health --------------------------------------------------------------------------
     def _retire(self, replica: Replica, why: str) -> None:
         replica.retired = why
-        if self._health_task is None or self._health_task.done():
-            self._health_task = asyncio.get_running_loop().create_task(self._watch())
+        loop, task = asyncio.get_running_loop(), self._health_task
+        if task is None or task.done() or task.get_loop() is not loop:  # a new asyncio.run
+            self._health_task = loop.create_task(self._watch())
 
     def _admit_if_current(self, replica: Replica) -> bool:
         if replica.engine.policy_version != self._version:

@@ -171,6 +171,17 @@ async def test_affinity_keeps_each_trajectory_on_one_replica(engines):
     assert sum(m["affinity_hits"] for m in metrics["replicas"]) == 9 * 3
 
 
+async def test_the_affinity_map_is_bounded(engines):
+    p = pool(engines(2), affinity_capacity=2)
+    for key in ("a", "b", "c"):  # "a" is forgotten when "c" arrives
+        await p.generate([1], PARAMS, f"{key}:0")
+    for key in ("a", "c"):
+        await p.generate([1], PARAMS, f"{key}:1")
+    hits = sum(m["affinity_hits"] for m in p.metrics()["replicas"])
+    misses = sum(m["affinity_misses"] for m in p.metrics()["replicas"])
+    assert (hits, misses) == (1, 0)  # "c" came back to its replica; "a" was routed afresh
+
+
 async def test_affinity_moves_off_an_overloaded_replica(engines):
     held = Held()
     replicas = engines(2, sleep=held)
