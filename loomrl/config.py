@@ -17,9 +17,10 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, Literal, TypeVar
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from loomrl.data import DataConfig
+from loomrl.engines.replicas import check_replicas
 from loomrl.models import DEFAULT_MODEL
 from loomrl.redact import redact_text
 from loomrl.rollout.turn_rewards import TurnReward
@@ -90,6 +91,17 @@ class RolloutConfig(BaseModel):
     engine_args: dict[str, Any] = Field(
         default_factory=dict, description="extra VLLMEngine / vLLM engine arguments"
     )
+    engines: list[str] = Field(
+        default_factory=list,
+        description="engine replicas, each a server URL (`loomrl serve`) or the model's own spec "
+        "(in process); two or more make a pool (docs/scaling-out.md). Empty: one in-process "
+        "engine",
+    )
+
+    @model_validator(mode="after")
+    def _replicas_serve_the_model(self) -> RolloutConfig:
+        check_replicas(self.model, self.engines)
+        return self
 
     @classmethod
     def load(cls, path: Path | None, overrides: dict[str, Any]) -> RolloutConfig:

@@ -34,6 +34,7 @@ from loomrl.config import (
 )
 from loomrl.data import Drawn, check_record, draw, write_record
 from loomrl.engines.base import Engine
+from loomrl.engines.replicas import engine_metrics, open_engines
 from loomrl.envs import load as load_env
 from loomrl.envs.base import Environment
 from loomrl.models import check_spec
@@ -137,7 +138,9 @@ async def run_rollout(
             extra = {f"producer/{k}": v for k, v in producer_metrics(buffer).items()}
         else:
             with console.status(f"starting the engine for {escape(config.model)}"):
-                engine = (make_engine or vllm_engine)(config)
+                engine = await open_engines(
+                    config.model, config.engines, lambda: (make_engine or vllm_engine)(config)
+                )
             results, extra = await _run(config, engine, env, examples, sampling, buffer, console)
     finally:
         if buffer is not None:
@@ -178,12 +181,13 @@ async def _run(
                     env_timeout=config.env_timeout, mode=config.mode,
                     on_trajectory=lambda _t: progress.advance(task),
                 )  # fmt: skip
-                return results, {}
+                return results, engine_metrics(engine)
             trajs, extra = await _produce(
                 config, engine, env, examples, sampling, buffer,
                 advance=lambda k: progress.advance(task, k),
             )  # fmt: skip
             elapsed = time.perf_counter() - started
+            extra |= engine_metrics(engine)
             return Rollouts(trajs, compute_metrics(trajs, config.n, elapsed)), extra
     finally:
         await engine.close()

@@ -49,6 +49,20 @@ def check_model(spec: str) -> None:
     check_spec(spec)
 
 
+def model_flags(values: list[str] | None) -> dict[str, Any]:
+    """``--model`` once or repeated, as config overrides: ``model`` and, for a pool of
+    replicas (server URLs, or the spec repeated), ``engines``."""
+    from loomrl.engines.replicas import split_model_flags
+
+    if not values:
+        return {"model": None, "engines": None}
+    try:
+        model, engines = split_model_flags(values)
+    except ValueError as exc:
+        raise UsageError(str(exc)) from None
+    return {"model": model, "engines": engines or None}
+
+
 def check_envs(envs: Iterable[tuple[str, Mapping[str, Any]]]) -> None:
     """Build each environment once with its arguments: an unknown name, an argument it
     does not take or of the wrong type, or a value it refuses stops here."""

@@ -17,6 +17,7 @@ from loomrl.cli.checks import (
     check_model,
     check_resume_alone,
     load_config,
+    model_flags,
 )
 from loomrl.cli.output import console, print_note
 from loomrl.cli.report import report_at_end
@@ -25,7 +26,7 @@ from loomrl.data import Drawn
 from loomrl.models import DEFAULT_MODEL
 
 FLAGS = (
-    "env", "model", "examples", "n", "max_turns", "max_len", "max_tokens", "temperature",
+    "env", "examples", "n", "max_turns", "max_len", "max_tokens", "temperature",
     "concurrency", "seed", "mode", "out", "max_obs_tokens",
 )  # fmt: skip
 
@@ -34,7 +35,11 @@ def add_parser(sub: Any) -> None:
     roll = sub.add_parser("rollout", help="roll out a model in an environment; write a run dir")
     roll.add_argument("--config", type=Path, help="TOML file (flags override it)")
     roll.add_argument("--env", help="environment name (default guess_number)")
-    roll.add_argument("--model", help=f"model spec (default {DEFAULT_MODEL})")
+    roll.add_argument(
+        "--model", action="append", metavar="SPEC_OR_URL",
+        help=f"model spec (default {DEFAULT_MODEL}); repeat it with server URLs "
+        "(`loomrl serve`) for a pool of engine replicas",
+    )  # fmt: skip
     roll.add_argument("--examples", type=int, help="number of examples (default 8)")
     roll.add_argument("--n", type=int, help="samples per example (default 4)")
     roll.add_argument("--max-turns", type=int, help="turn limit (default: the env's)")
@@ -68,7 +73,7 @@ def requested(args: argparse.Namespace) -> RolloutConfig:
     from loomrl.rollout_cli import resume_config
     from loomrl.rundir import BUFFER, check_buffer
 
-    overrides = {name: getattr(args, name) for name in FLAGS}
+    overrides = {name: getattr(args, name) for name in FLAGS} | model_flags(args.model)
     if args.resume is None:
         return data_flags.with_data_flags(load_config(RolloutConfig, args.config, overrides), args)
     check_resume_alone(args)

@@ -22,6 +22,7 @@ from loomrl.cli.checks import (
     check_model,
     check_resume_alone,
     load_config,
+    model_flags,
 )
 from loomrl.cli.output import UsageError, console, print_note
 from loomrl.cli.report import report_at_end
@@ -40,7 +41,11 @@ def add_parser(sub: Any) -> None:
     )  # fmt: skip
     tr.add_argument("--steps", type=int, help="optimizer steps (with --resume: train longer)")
     tr.add_argument("--seed", type=int)
-    tr.add_argument("--model", help=f"model spec (default {DEFAULT_MODEL})")
+    tr.add_argument(
+        "--model", action="append", metavar="SPEC_OR_URL",
+        help=f"model spec (default {DEFAULT_MODEL}); repeat it with server URLs "
+        "(`loomrl serve`) for a pool of engine replicas",
+    )  # fmt: skip
     tr.add_argument("--out", type=Path, help="run directory (default runs/train-TIME)")
     tr.add_argument(
         "--overwrite", action="store_true",
@@ -54,12 +59,15 @@ def requested(args: argparse.Namespace) -> tuple[TrainConfig, int | None]:
     from loomrl.train.command import resume_config
     from loomrl.train.config import TrainConfig
 
-    overrides = {"steps": args.steps, "seed": args.seed, "out": args.out, "model": args.model}
+    overrides = {"steps": args.steps, "seed": args.seed, "out": args.out}
+    overrides |= model_flags(args.model)
     if args.resume is None:
         return load_config(TrainConfig, args.config, overrides), None
     check_resume_alone(args)
     recorded = resume_config(args.resume)
-    asked = check_agrees(recorded, args.resume, args.config, overrides, skip=("out", "steps"))
+    # Servers may move between sessions: a resumed run takes the replicas it is given.
+    skip = ("out", "steps", "engines")
+    asked = check_agrees(recorded, args.resume, args.config, overrides, skip=skip)
     steps = recorded.steps if args.steps is None else args.steps
     if args.steps is None and args.config is not None and asked.steps != recorded.steps:
         print_note(
@@ -77,7 +85,8 @@ def requested(args: argparse.Namespace) -> tuple[TrainConfig, int | None]:
             "steps (cosine_decay = true); a longer run would change that schedule mid-way"
         )
     extended = recorded.steps if steps > recorded.steps else None
-    return recorded.model_copy(update={"steps": steps}), extended
+    engines = overrides["engines"] if overrides["engines"] is not None else recorded.engines
+    return recorded.model_copy(update={"steps": steps, "engines": engines}), extended
 
 
 def check_log_to(config: TrainConfig, source: str) -> None:

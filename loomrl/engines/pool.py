@@ -12,9 +12,11 @@ without ``:`` have no affinity. The key map is an LRU of ``affinity_capacity`` k
 Failover: a replica whose ``generate`` raises ``ConnectionError`` (``EngineUnavailable``
 among them) or ``TimeoutError`` is retired, and the same prompt ids, params and request id
 go to another healthy replica: the trajectory keeps every token it had and the lost piece
-is generated again; the caller gets exactly one ``Completion``. Any other exception is the
-request's own and propagates. An aborted request is never failed over (an ``abort``
-completion is a normal return). With no healthy replica left, ``EngineUnavailable``.
+is generated again; the caller gets exactly one ``Completion``, and the request is
+aborted on the replica it left (in the background), in case that one is only slow. Any
+other exception is the request's own and propagates. An aborted request is never failed
+over (an ``abort`` completion is a normal return). With no healthy replica left,
+``EngineUnavailable``.
 
 Health: from the first retirement, a background task probes every retired replica each
 ``health_interval_s`` with its ``async health() -> bool`` (a replica without one stays
@@ -82,6 +84,7 @@ class EnginePool:
         self._turn = itertools.count()
         self._ids = itertools.count()
         self._health_task: asyncio.Task[None] | None = None
+        self._abandoning: set[asyncio.Task[None]] = set()  # aborts left behind by failovers
         self.failovers = 0
 
     # -- protocol properties -------------------------------------------------------------
@@ -125,6 +128,7 @@ class EnginePool:
                     out = await replica.engine.generate(prompt_ids, params, request_id)
                 except FAILOVER_ERRORS as exc:
                     self._retire(replica, f"generate raised {type(exc).__name__}: {exc}")
+                    self._abandon(replica, request_id)
                     if request_id in self._aborted:  # the caller gave it up: do not redo it
                         return _aborted(request_id, len(prompt_ids), self._version)
                     replica.failovers += 1
@@ -224,6 +228,8 @@ class EnginePool:
 
     async def close(self) -> None:
         """Stop the health task and close every replica (a retired one may fail to)."""
+        for task in list(self._abandoning):
+            task.cancel()
         if self._health_task is not None:
             self._health_task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
@@ -263,6 +269,19 @@ class EnginePool:
         loop, task = asyncio.get_running_loop(), self._health_task
         if task is None or task.done() or task.get_loop() is not loop:  # a new asyncio.run
             self._health_task = loop.create_task(self._watch())
+
+    def _abandon(self, replica: Replica, request_id: str) -> None:
+        """Abort a failed-over request on the replica it left, in the background: one that
+        only timed out may still be generating it (a dead one just fails to answer)."""
+
+        async def abort() -> None:
+            with contextlib.suppress(Exception):
+                async with asyncio.timeout(self.health_interval_s):
+                    await replica.engine.abort(request_id)
+
+        task = asyncio.get_running_loop().create_task(abort())
+        self._abandoning.add(task)
+        task.add_done_callback(self._abandoning.discard)
 
     def _admit_if_current(self, replica: Replica) -> bool:
         if replica.engine.policy_version != self._version:

@@ -27,6 +27,7 @@ from loomrl.config import (
     table_of,
 )
 from loomrl.data import DataConfig
+from loomrl.engines.replicas import check_replicas
 from loomrl.models import DEFAULT_MODEL
 from loomrl.rollout.turn_rewards import TurnReward
 from loomrl.train.critic import CriticConfig, check_critic
@@ -240,6 +241,12 @@ class TrainConfig(BaseModel):
     )
     out: Path | None = Field(None, description="run directory (default runs/train-TIME)")
     engine_args: dict[str, Any] = Field(default_factory=dict, description="VLLMEngine args")
+    engines: list[str] = Field(
+        default_factory=list,
+        description="engine replicas, each a server URL (`loomrl serve`) or the model's own spec "
+        "(in process); two or more make a pool (docs/scaling-out.md). Empty: one in-process "
+        "engine",
+    )
 
     @model_validator(mode="before")
     @classmethod
@@ -259,6 +266,11 @@ class TrainConfig(BaseModel):
                 f"loss = 'cpgd' clips ln ρ at ln(1 - clip_low): clip_low must be < 1, "
                 f"got {self.clip_low}"
             )
+        return self
+
+    @model_validator(mode="after")
+    def _replicas_serve_the_model(self) -> TrainConfig:
+        check_replicas(self.model, self.engines)
         return self
 
     @model_validator(mode="after")

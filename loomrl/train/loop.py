@@ -21,6 +21,7 @@ import torch
 from torch import Tensor
 
 from loomrl.data import Drawn, Fingerprint, check_record, draw, write_record
+from loomrl.engines.replicas import engine_metrics, has_remote, open_engines
 from loomrl.envs import Environment
 from loomrl.envs import load as load_env
 from loomrl.experience.files import check_estimator
@@ -153,8 +154,14 @@ async def train(
             buffer.close()
             return rows
         sinks = open_sinks(config.log_to, out, config.model_dump(mode="json"))
-        engine = (make_engine or engine_factory(config))(model_dir, start)
-        if adapter is not None:  # a resumed LoRA run's engine starts from the base model
+        engine = await open_engines(
+            config.model, config.engines,
+            lambda: (make_engine or engine_factory(config))(model_dir, start),
+            policy_version=start,
+        )  # fmt: skip
+        # A resumed LoRA run's engine starts from the base model, and a server holds
+        # whatever weights it was last given: both get the learner's weights now.
+        if adapter is not None or has_remote(config.engines):
             await engine.update_weights(sync_weights(model), version=start)
     except BaseException:
         buffer.close()
@@ -198,6 +205,7 @@ async def train(
                 step_s=time.perf_counter() - started, policy_version=engine.policy_version,
                 **_rollout_metrics(trajs, production, rows[-1] if rows else None), **production,
                 **{k: v for task in tasks for k, v in task.env.run_info().items()},
+                **engine_metrics(engine),
             )  # fmt: skip
             if evals and eval_due(step + 1, config.eval_every, config.steps):
                 row.update(await eval_row(engine, evals, eval_settings(config), out, step + 1))

@@ -383,3 +383,33 @@ async def test_score_and_tokenizer_come_from_a_replica():
     assert await p.score([1, 2, 3]) == [-1.0, -1.0]
     assert p.tokenizer is None
     await p.close()
+
+
+class Stalling:
+    """A replica that times out: its requests hang until aborted, then the pool's wait
+    for it ends in ``TimeoutError`` (as a remote engine's read timeout would)."""
+
+    def __init__(self, inner: ScriptedEngine) -> None:
+        self.inner = inner
+        self.aborted: list[str] = []
+
+    def __getattr__(self, name):
+        return getattr(self.inner, name)
+
+    async def generate(self, prompt_ids, params, request_id=None):
+        await asyncio.sleep(0.01)
+        raise TimeoutError(f"no answer to {request_id} in time")
+
+    async def abort(self, request_ids=None):
+        self.aborted.append(request_ids)
+        return [request_ids]
+
+
+async def test_a_request_failed_over_after_a_timeout_is_aborted_where_it_hung():
+    slow = Stalling(ScriptedEngine(echo))
+    engines = EnginePool([slow, ScriptedEngine(echo)], health_interval_s=0.05)
+    out = await engines.generate([5, 6, 7], PARAMS, "run-g0.0:0")  # first to replica 0
+    assert out.token_ids == expected([5, 6, 7]) and engines.failovers == 1
+    await asyncio.sleep(0.02)  # the background abort ran
+    assert slow.aborted == ["run-g0.0:0"]
+    await engines.close()

@@ -1,0 +1,53 @@
+"""``--model`` repeated: a pool of engine replicas for ``loomrl rollout`` and ``loomrl
+train`` (scripted replicas here; real servers in tests/e2e); replica lists that cannot
+serve the run are one line, exit 2, before any engine starts."""
+
+from __future__ import annotations
+
+import json
+import tomllib
+
+from train_runs import TINY_TRAIN
+
+SMALL = ["--env", "guess_number", "--examples", "3", "--n", "2", "--max-tokens", "8"]
+MODEL = "smollm2-135m-instruct"
+
+
+def test_rollout_with_the_spec_twice_runs_on_a_pool_of_two(cli, scripted, tmp_path):
+    out = tmp_path / "run"
+    result = cli("rollout", *SMALL, "--model", MODEL, "--model", MODEL, "--out", out)
+    assert result.code == 0, result.err
+    assert len(scripted) == 2
+    metrics = json.loads((out / "metrics.json").read_text())
+    assert metrics["engine/replicas"] == 2 and metrics["engine/failovers"] == 0
+    turns = metrics["engine/0/requests"] + metrics["engine/1/requests"]
+    assert turns == round(metrics["turns_mean"] * metrics["trajectories"])
+    assert tomllib.loads((out / "config.toml").read_text())["engines"] == [MODEL, MODEL]
+
+
+def test_two_models_on_the_command_line_are_refused(cli, tmp_path):
+    result = cli("rollout", *SMALL, "--model", MODEL, "--model", "tiny-random",
+                 "--out", tmp_path / "run")  # fmt: skip
+    assert result.code == 2
+    assert result.error.startswith("--model names 2 different models")
+
+
+def test_a_config_replica_of_another_model_is_refused(cli, tmp_path):
+    path = tmp_path / "bad.toml"
+    path.write_text(f"model = '{MODEL}'\nengines = ['tiny-random']\n")
+    result = cli("rollout", "--config", path, "--out", tmp_path / "run")
+    assert result.code == 2
+    assert "engines entry 'tiny-random' is neither a server URL" in result.error
+
+
+def test_train_on_a_pool_syncs_weights_to_every_replica(cli, scripted, tmp_path):
+    path = tmp_path / "tiny.toml"
+    path.write_text(TINY_TRAIN)
+    out = tmp_path / "run"
+    result = cli("train", path, "--model", "tiny-random", "--model", "tiny-random", "--out", out)
+    assert result.code == 0, result.err
+    assert len(scripted) == 2
+    assert [e.policy_version for e in scripted] == [2, 2]  # both replicas got every sync
+    rows = [json.loads(line) for line in (out / "metrics.jsonl").open()]
+    assert [r["engine/replicas"] for r in rows] == [2, 2]
+    assert all(r["engine/healthy"] == 2 for r in rows)
