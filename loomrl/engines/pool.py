@@ -33,9 +33,10 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import itertools
+import random
 import time
 from collections.abc import Iterable, Sequence
-from typing import Any
+from typing import Any, Literal
 
 from loomrl.engines.base import Engine, EngineUnavailable
 from loomrl.engines.replica import Replica
@@ -43,6 +44,11 @@ from loomrl.lru import LRUCache
 from loomrl.types import Completion, SamplingParams
 
 __all__ = ["FAILOVER_ERRORS", "EnginePool", "affinity_key", "pool"]
+
+Routing = Literal["affinity", "least", "random"]
+ROUTINGS: tuple[Routing, ...] = ("affinity", "least", "random")
+"""``affinity`` (the default, see above); ``least``: least-outstanding without affinity;
+``random``: a uniformly random healthy replica (the baselines affinity is measured against)."""
 
 FAILOVER_ERRORS: tuple[type[BaseException], ...] = (ConnectionError, TimeoutError)
 """What a replica raises when the fault is its own (``asyncio.TimeoutError`` is
@@ -66,7 +72,13 @@ class EnginePool:
         affinity_slack: int = 4,
         affinity_capacity: int = 100_000,
         health_interval_s: float = 2.0,
+        routing: Routing = "affinity",
+        seed: int = 0,
     ) -> None:
+        if routing not in ROUTINGS:
+            raise ValueError(f"routing must be one of {', '.join(ROUTINGS)}, got {routing!r}")
+        self.routing = routing
+        self._random = random.Random(seed)
         self._replicas = [Replica(engine, i) for i, engine in enumerate(engines)]
         _validate(self._replicas)
         if max_outstanding is not None and max_outstanding < 1:
@@ -149,6 +161,10 @@ class EnginePool:
         healthy = [r for r in self._replicas if r.retired is None]
         if not healthy:
             raise EngineUnavailable(self._none_healthy())
+        if self.routing == "random":
+            return self._random.choice(healthy)
+        if self.routing == "least":
+            key = None
         start = next(self._turn) % len(healthy)
         least = min(healthy[start:] + healthy[:start], key=_load)
         if key is None:

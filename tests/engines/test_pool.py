@@ -413,3 +413,16 @@ async def test_a_request_failed_over_after_a_timeout_is_aborted_where_it_hung():
     await asyncio.sleep(0.02)  # the background abort ran
     assert slow.aborted == ["run-g0.0:0"]
     await engines.close()
+
+
+@pytest.mark.parametrize("routing", ["least", "random"])
+async def test_baseline_routings_ignore_affinity(routing):
+    engines = EnginePool([ScriptedEngine(echo) for _ in range(4)], routing=routing, seed=1)
+    for turn in range(8):
+        await engines.generate([1, 2, turn + 3], PARAMS, f"run-g0.0:{turn}")
+    served = [r.requests for r in engines.replicas]
+    assert sum(served) == 8 and max(served) < 8  # one trajectory, spread over replicas
+    assert sum(r.affinity_hits for r in engines.replicas) == 0
+    with pytest.raises(ValueError, match="routing must be one of affinity, least, random"):
+        EnginePool([ScriptedEngine(echo)], routing="sticky")
+    await engines.close()
