@@ -1,7 +1,8 @@
 """Inference engines behind one protocol, created by spec: ``engines.load("vllm:MODEL")``.
 
 Backends register a factory by name; a spec is ``NAME`` or ``NAME:ARG`` where ``ARG``
-goes to the factory as its first argument (the model spec, for vLLM).
+goes to the factory as its first argument (the model spec, for vLLM). A URL,
+``http://HOST:PORT`` or ``https://...``, is a vLLM server (``RemoteEngine``).
 """
 
 from __future__ import annotations
@@ -9,10 +10,13 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from loomrl.engines.base import Engine, PromptTooLongError, check_prompt
+from loomrl.engines.base import Engine, EngineUnavailable, PromptTooLongError, check_prompt
 from loomrl.engines.scripted import ScriptedEngine
 
-__all__ = ["Engine", "PromptTooLongError", "ScriptedEngine", "check_prompt", "load", "register"]
+__all__ = [
+    "Engine", "EngineUnavailable", "PromptTooLongError", "ScriptedEngine", "check_prompt",
+    "load", "register",
+]  # fmt: skip
 
 EngineFactory = Callable[..., Engine]
 _FACTORIES: dict[str, EngineFactory] = {}
@@ -24,7 +28,12 @@ def register(name: str, factory: EngineFactory) -> None:
 
 
 def load(spec: str, **kwargs: Any) -> Engine:
-    """Build an engine from ``"vllm:MODEL"``, ``"vllm"`` (default model) or ``"scripted"``."""
+    """Build an engine from ``"vllm:MODEL"``, ``"vllm"`` (default model), ``"scripted"``
+    or a server URL ``"http://HOST:PORT"`` (``model=SPEC`` names the run's model)."""
+    if spec.startswith(("http://", "https://")):
+        from loomrl.engines.remote import RemoteEngine
+
+        return RemoteEngine(spec, **kwargs)
     name, _, arg = spec.partition(":")
     if name not in _FACTORIES:
         known = ", ".join(sorted(_FACTORIES))

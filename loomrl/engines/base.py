@@ -42,6 +42,10 @@ class Engine(Protocol):
     async def close(self) -> None: ...
 
 
+class EngineUnavailable(ConnectionError):
+    """The engine cannot be reached or died mid-request: the request may be retried elsewhere."""
+
+
 class PromptTooLongError(ValueError):
     """The prompt leaves no room for a single generated token in the model's context."""
 
