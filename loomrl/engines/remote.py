@@ -17,8 +17,9 @@ fetches the context length and refuses a server that serves another model or tok
 Weights travel through a shared filesystem: ``update_weights`` writes a safetensors file
 to ``/dev/shm`` and asks the server (``/collective_rpc`` ``loomrl_load_weights``) to read
 it, so the trainer and the server must run on the same machine (or share that path).
-Measured on this 2-core CPU: ~1.7 s for the default model (SmolLM2-135M), most of it
-the server's reload; ~0.3 s for tiny-random.
+Measured on this 2-core CPU (shared with two training runs):
+1.65 s median for the default model (SmolLM2-135M, bf16; ``benchmarks/remote_weight_sync.py``),
+~1.2 s for tiny-random: mostly the server's in-place reload and the pause/resume round trips.
 """
 
 from __future__ import annotations
