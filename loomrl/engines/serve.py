@@ -58,8 +58,9 @@ class ServerProcess:
     def alive(self) -> bool:
         return self.process.poll() is None
 
-    def stop(self, timeout: float = 30.0) -> None:
-        """SIGTERM the server's process group, then SIGKILL whatever is left of it."""
+    def stop(self, timeout: float = 30.0, *, keep_log: bool = False) -> None:
+        """SIGTERM the server's process group, then SIGKILL whatever is left of it; the
+        log file is removed unless ``keep_log``."""
         if self._stopped:
             return
         self._stopped = True
@@ -77,6 +78,8 @@ class ServerProcess:
             psutil.wait_procs(alive, timeout=10)
         with contextlib.suppress(subprocess.TimeoutExpired):  # killed above
             self.process.wait(timeout=5)
+        if not keep_log:
+            self.log.unlink(missing_ok=True)
 
     def log_tail(self, lines: int = 20) -> str:
         try:
@@ -169,7 +172,7 @@ def start_server(
     try:
         _wait_healthy(server, timeout_s)
     except BaseException:
-        server.stop()
+        server.stop(keep_log=True)  # the error names the log
         raise
     return server
 
