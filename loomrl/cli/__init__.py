@@ -23,6 +23,7 @@ from loomrl.cli import (
     models,
     report,
     rollout,
+    serve,
     train,
 )
 from loomrl.cli.doctor import cmd_doctor
@@ -34,14 +35,17 @@ from loomrl.cli.models import cmd_models
 from loomrl.cli.output import USER_ERRORS, debugging, one_line, print_error
 from loomrl.cli.report import cmd_report
 from loomrl.cli.rollout import cmd_rollout
+from loomrl.cli.serve import cmd_serve
 from loomrl.cli.train import cmd_train
 
 __all__ = [
     "build_parser", "cmd_doctor", "cmd_envs", "cmd_eval", "cmd_experience", "cmd_generate",
-    "cmd_models", "cmd_report", "cmd_rollout", "cmd_train", "main",
+    "cmd_models", "cmd_report", "cmd_rollout", "cmd_serve", "cmd_train", "main",
 ]  # fmt: skip
 
-COMMANDS = (doctor, models, generate, envs, rollout, experience, train, evaluate, report)
+COMMANDS = (
+    doctor, models, generate, envs, rollout, experience, train, evaluate, report, serve,
+)  # fmt: skip
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -1,7 +1,9 @@
 """Inference engines behind one protocol, created by spec: ``engines.load("vllm:MODEL")``.
 
 Backends register a factory by name; a spec is ``NAME`` or ``NAME:ARG`` where ``ARG``
-goes to the factory as its first argument (the model spec, for vLLM).
+goes to the factory as its first argument (the model spec, for vLLM). A URL,
+``http://HOST:PORT`` or ``https://...``, is a vLLM server (``RemoteEngine``); several
+engines behind one protocol are a pool (``pool([...])``, ``loomrl.engines.pool``).
 """
 
 from __future__ import annotations
@@ -35,7 +37,12 @@ def register(name: str, factory: EngineFactory) -> None:
 
 
 def load(spec: str, **kwargs: Any) -> Engine:
-    """Build an engine from ``"vllm:MODEL"``, ``"vllm"`` (default model) or ``"scripted"``."""
+    """Build an engine from ``"vllm:MODEL"``, ``"vllm"`` (default model), ``"scripted"``
+    or a server URL ``"http://HOST:PORT"`` (``model=SPEC`` names the run's model)."""
+    if spec.startswith(("http://", "https://")):
+        from loomrl.engines.remote import RemoteEngine
+
+        return RemoteEngine(spec, **kwargs)
     name, _, arg = spec.partition(":")
     if name not in _FACTORIES:
         known = ", ".join(sorted(_FACTORIES))

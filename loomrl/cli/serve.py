@@ -1,0 +1,79 @@
+"""``loomrl serve``: run vLLM's OpenAI-compatible server for a model spec, ready for
+``engines.load("http://HOST:PORT", model=SPEC)`` (loomrl's weight loader, the RL routes,
+the behaviour policy's logprobs); Ctrl-C or SIGTERM stops it and every process it
+started."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import socket
+from typing import Any
+
+from loomrl.cli.output import UsageError, console
+from loomrl.models import DEFAULT_MODEL
+
+
+def add_parser(sub: Any) -> None:
+    sv = sub.add_parser("serve", help="serve a model over HTTP for a RemoteEngine (vLLM)")
+    sv.add_argument(
+        "--model", required=True, metavar="SPEC",
+        help=f"model spec (e.g. {DEFAULT_MODEL}, tiny-random) or local HF directory",
+    )  # fmt: skip
+    sv.add_argument("--port", type=int, default=8000, help="port (default 8000)")
+    sv.add_argument(
+        "--host", default="127.0.0.1",
+        help="address to bind (default 127.0.0.1; the RL routes have no API key: bind a "
+        "public address only on a trusted network)",
+    )  # fmt: skip
+    sv.add_argument("--kv-cache-gib", type=int, metavar="N", help="KV cache size on CPU")
+    sv.add_argument("--max-len", type=int, metavar="N", help="context length (default: model's)")
+    sv.add_argument("--max-num-seqs", type=int, metavar="N", help="concurrent sequences")
+    sv.add_argument(
+        "--api-key", default=os.environ.get("LOOMRL_API_KEY"),
+        help="require this bearer token on /v1 routes (default: $LOOMRL_API_KEY, else none)",
+    )  # fmt: skip
+    sv.add_argument("--seed", type=int, default=0, help="sampling seed of the server")
+    sv.set_defaults(func=cmd_serve)
+
+
+def _check(args: argparse.Namespace) -> None:
+    from loomrl.models import check_spec
+
+    if not 1 <= args.port <= 65535:
+        raise UsageError(f"--port {args.port}: must be in 1..65535")
+    for name in ("kv_cache_gib", "max_len", "max_num_seqs"):
+        value = getattr(args, name)
+        if value is not None and value < 1:
+            raise UsageError(f"--{name.replace('_', '-')} {value}: must be >= 1")
+    check_spec(args.model)
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
+        try:
+            probe.bind((args.host, args.port))
+        except OSError as exc:
+            raise UsageError(f"cannot serve on {args.host}:{args.port}: {exc.strerror}") from None
+
+
+def cmd_serve(args: argparse.Namespace) -> int:
+    from loomrl.engines.serve import ServerStartError, start_server
+
+    _check(args)
+    console.print(f"[bold]serve[/] {args.model} on {args.host}:{args.port}; starting vLLM "
+                  "takes ~30-90 s")  # fmt: skip
+    try:
+        server = start_server(
+            args.model, port=args.port, host=args.host, kv_cache_gib=args.kv_cache_gib,
+            max_len=args.max_len, api_key=args.api_key, seed=args.seed,
+            max_num_seqs=args.max_num_seqs,
+        )  # fmt: skip
+    except ServerStartError as exc:
+        raise UsageError(str(exc)) from None
+    with server:
+        console.print(f"serving {args.model} at {server.url} (log: {server.log}); Ctrl-C stops it",
+                      markup=False, highlight=False)  # fmt: skip
+        try:
+            code = server.process.wait()
+        except KeyboardInterrupt:
+            console.print("stopping the server", markup=False, highlight=False)
+            return 0
+    raise UsageError(f"the vLLM server exited with status {code} (log: {server.log})")
