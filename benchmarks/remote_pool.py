@@ -35,6 +35,7 @@ from loomrl.types import SamplingParams
 
 MAX_LEN = 1024
 SEQS = 64
+SERVE = {"kv_cache_gib": 1, "max_len": MAX_LEN, "max_num_seqs": SEQS}
 
 
 def free_port() -> int:
@@ -115,25 +116,12 @@ async def affinity(urls: list[str], args: argparse.Namespace) -> dict[str, dict[
     return results
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--model", default="smollm2-135m-instruct")
-    parser.add_argument("--requests", type=int, default=32)
-    parser.add_argument("--tokens", type=int, default=64)
-    parser.add_argument("--rounds", type=int, default=3)
-    parser.add_argument("--examples", type=int, default=16, help="guess_number games (d)")
-    parser.add_argument("--n", type=int, default=2)
-    parser.add_argument("--write", action="store_true")
-    args = parser.parse_args()
-    started = time.perf_counter()
+def throughput_section(args: argparse.Namespace) -> str:
     local = asyncio.run(in_process(args))
-    serve = {"kv_cache_gib": 1, "max_len": MAX_LEN, "max_num_seqs": SEQS}
-    with start_server(args.model, port=free_port(), **serve) as server:
+    with start_server(args.model, port=free_port(), **SERVE) as server:
         served = asyncio.run(remote(server.url, args))
-        with start_server(args.model, port=free_port(), seed=1, **serve) as second:
-            routed = asyncio.run(affinity([server.url, second.url], args))
     ratio = statistics.median(served) / statistics.median(local)
-    lines = [
+    return "\n".join([
         f"{args.model}, {args.requests} requests x {args.tokens} sampled tokens submitted at "
         f"once, temperature 1, max_num_seqs {SEQS}; {args.rounds} rounds each after a "
         "warm-up; one engine at a time.",
@@ -144,10 +132,19 @@ def main() -> None:
         f"{statistics.median(local):.0f} | 1.00 |",
         f"| `RemoteEngine` over `loomrl serve` | {', '.join(f'{r:.0f}' for r in served)} | "
         f"{statistics.median(served):.0f} | {ratio:.2f} |",
-        "",
-        f"Affinity: guess_number 1-100, {args.examples} games x {args.n}, up to 6 turns, 24 "
-        "tokens a turn, on a pool of two servers of the model; prefix-cache hit rate from the "
-        "servers' `/metrics` over the rollout (caches reset before each routing).",
+    ])  # fmt: skip
+
+
+def affinity_section(args: argparse.Namespace, block_size: int | None) -> str:
+    serve = {**SERVE, "block_size": block_size}
+    with (
+        start_server(args.model, port=free_port(), **serve) as one,
+        start_server(args.model, port=free_port(), seed=1, **serve) as two,
+    ):
+        routed = asyncio.run(affinity([one.url, two.url], args))
+    block = f"{block_size}" if block_size else "128 (vLLM's CPU default)"
+    return "\n".join([
+        f"KV block {block} tokens: only full blocks are cached.",
         "",
         "| routing | prefix-cache hit rate | prompt tokens queried | turns a game | wall s |",
         "|---|---:|---:|---:|---:|",
@@ -156,11 +153,45 @@ def main() -> None:
             f"{r['wall_s']:.1f} |"
             for name, r in routed.items()
         ),
-    ]
-    print("\n".join(lines))
-    print(f"\n({time.perf_counter() - started:.0f} s)")
-    if args.write:
-        write_section("Remote engine and pool affinity (real servers)", "\n".join(lines))
+    ])  # fmt: skip
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--model", default="smollm2-135m-instruct")
+    parser.add_argument("--part", choices=["all", "throughput", "affinity"], default="all")
+    parser.add_argument("--requests", type=int, default=32)
+    parser.add_argument("--tokens", type=int, default=64)
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--examples", type=int, default=16, help="guess_number games (d)")
+    parser.add_argument("--n", type=int, default=2)
+    parser.add_argument(
+        "--block-sizes", type=int, nargs="+", default=[0, 32],
+        help="KV block sizes for (d); 0: the server's default",
+    )  # fmt: skip
+    parser.add_argument("--note", default="", help="a sentence added to the written sections")
+    parser.add_argument("--write", action="store_true")
+    args = parser.parse_args()
+    started = time.perf_counter()
+    sections = []
+    if args.part in ("all", "throughput"):
+        sections.append(("Remote engine vs in-process (real server)", throughput_section(args)))
+    if args.part in ("all", "affinity"):
+        intro = (
+            f"guess_number 1-100, {args.examples} games x {args.n}, up to 6 turns, 24 tokens "
+            f"a turn, {args.model} on a pool of two servers; prefix-cache hit rate from the "
+            "servers' `/metrics` over the rollout (caches reset before each routing; a "
+            "warm-up rollout first). Every game opens with the same system prompt and "
+            "question, so some hits come from other games."
+        )
+        tables = [affinity_section(args, b or None) for b in args.block_sizes]
+        sections.append(("Pool affinity (real servers)", "\n\n".join([intro, *tables])))
+    for name, body in sections:
+        body = f"{body}\n\n{args.note}".strip()
+        print(f"## {name}\n\n{body}\n")
+        if args.write:
+            write_section(name, body)
+    print(f"({time.perf_counter() - started:.0f} s)")
 
 
 if __name__ == "__main__":

@@ -30,6 +30,10 @@ def add_parser(sub: Any) -> None:
     sv.add_argument("--max-len", type=int, metavar="N", help="context length (default: model's)")
     sv.add_argument("--max-num-seqs", type=int, metavar="N", help="concurrent sequences")
     sv.add_argument(
+        "--block-size", type=int, metavar="N",
+        help="KV-cache block in tokens, the prefix cache's unit (vLLM's CPU default: 128)",
+    )  # fmt: skip
+    sv.add_argument(
         "--api-key", default=os.environ.get("LOOMRL_API_KEY"),
         help="require this bearer token on /v1 routes (default: $LOOMRL_API_KEY, else none)",
     )  # fmt: skip
@@ -42,7 +46,7 @@ def _check(args: argparse.Namespace) -> None:
 
     if not 1 <= args.port <= 65535:
         raise UsageError(f"--port {args.port}: must be in 1..65535")
-    for name in ("kv_cache_gib", "max_len", "max_num_seqs"):
+    for name in ("kv_cache_gib", "max_len", "max_num_seqs", "block_size"):
         value = getattr(args, name)
         if value is not None and value < 1:
             raise UsageError(f"--{name.replace('_', '-')} {value}: must be >= 1")
@@ -64,7 +68,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
         server = start_server(
             args.model, port=args.port, host=args.host, kv_cache_gib=args.kv_cache_gib,
             max_len=args.max_len, api_key=args.api_key, seed=args.seed,
-            max_num_seqs=args.max_num_seqs,
+            max_num_seqs=args.max_num_seqs, block_size=args.block_size,
         )  # fmt: skip
     except ServerStartError as exc:
         raise UsageError(str(exc)) from None

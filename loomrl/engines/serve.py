@@ -104,6 +104,7 @@ def server_command(
     seed: int = 0,
     max_num_seqs: int | None = None,
     model_dir: Path | None = None,
+    block_size: int | None = None,
 ) -> list[str]:
     """The command line that serves ``spec`` (resolved to a local directory, or
     ``model_dir`` as it is) as ``--served-model-name spec``."""
@@ -126,6 +127,8 @@ def server_command(
         cmd += ["--no-enable-chunked-prefill", "--max-num-batched-tokens", str(max(context, 2048))]
     if max_num_seqs is not None:
         cmd += ["--max-num-seqs", str(max_num_seqs)]
+    if block_size is not None:  # KV block (and prefix-cache) granularity; 128 on CPU
+        cmd += ["--block-size", str(block_size)]
     if api_key is not None:
         cmd += ["--api-key", api_key]
     return cmd
@@ -143,6 +146,7 @@ def start_server(
     max_num_seqs: int | None = None,
     timeout_s: float = 600.0,
     model_dir: Path | None = None,
+    block_size: int | None = None,
 ) -> ServerProcess:
     """Start a vLLM server for ``spec`` and wait until ``/health`` answers.
 
@@ -152,7 +156,7 @@ def start_server(
     """
     cmd = server_command(
         spec, port=port, host=host, max_len=max_len, api_key=api_key, seed=seed,
-        max_num_seqs=max_num_seqs, model_dir=model_dir,
+        max_num_seqs=max_num_seqs, model_dir=model_dir, block_size=block_size,
     )  # fmt: skip
     env = dict(os.environ)
     env["VLLM_SERVER_DEV_MODE"] = "1"
