@@ -85,8 +85,12 @@ def requested(args: argparse.Namespace) -> RolloutConfig:
     }
     named = {"data": "/".join(data_flags.FIELDS[k] for k in data_flags.data_flags(args))}
     named["env_args"] = "--reward"
-    check_agrees(recorded, args.resume, args.config, {**overrides, **extra}, flags=named)
+    # Servers may move between sessions: a resumed run takes the replicas it is given.
+    skip = ("out", "engines")
+    check_agrees(recorded, args.resume, args.config, {**overrides, **extra}, skip, named)
     check_buffer(args.resume / BUFFER)
+    if overrides["engines"] is not None:
+        return recorded.model_copy(update={"engines": overrides["engines"]})
     return recorded
 
 

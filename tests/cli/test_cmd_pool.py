@@ -51,3 +51,28 @@ def test_train_on_a_pool_syncs_weights_to_every_replica(cli, scripted, tmp_path)
     rows = [json.loads(line) for line in (out / "metrics.jsonl").open()]
     assert [r["engine/replicas"] for r in rows] == [2, 2]
     assert all(r["engine/healthy"] == 2 for r in rows)
+
+
+def test_a_resumed_rollout_takes_the_replicas_it_is_given(cli, scripted, tmp_path):
+    from loomrl.cli import build_parser
+    from loomrl.cli.rollout import requested
+
+    out = tmp_path / "run"
+    assert cli("rollout", *SMALL, "--out", out).code == 0
+    urls = ["--model", "http://127.0.0.1:8001", "--model", "http://127.0.0.1:8002"]
+    args = build_parser().parse_args(["rollout", "--resume", str(out), *urls])
+    assert requested(args).engines == ["http://127.0.0.1:8001", "http://127.0.0.1:8002"]
+    args = build_parser().parse_args(["rollout", "--resume", str(out)])
+    assert requested(args).engines == []  # as recorded
+
+
+def test_a_resumed_training_run_takes_the_replicas_it_is_given(run):
+    from loomrl.cli import build_parser
+    from loomrl.cli.train import requested
+
+    urls = ["--model", "http://127.0.0.1:8001", "--model", "http://127.0.0.1:8002"]
+    args = build_parser().parse_args(["train", "--resume", str(run), *urls])
+    config, _ = requested(args)
+    assert config.engines == ["http://127.0.0.1:8001", "http://127.0.0.1:8002"]
+    config, _ = requested(build_parser().parse_args(["train", "--resume", str(run)]))
+    assert config.engines == []
