@@ -44,6 +44,11 @@ TURN_DISCOUNT: Any = Field(
     None, ge=0, le=1,
     description="per-turn discount for turn_reward = 'discounted' (default: the environment's own)",
 )  # fmt: skip
+ENGINES: Any = Field(
+    default_factory=list,
+    description="engine replicas, each a server URL (`loomrl serve`) or the model's own spec "
+    "(in process); two or more make a pool (docs/scaling-out.md). Empty: one in-process engine",
+)
 MAX_OBS_TOKENS: Any = Field(
     None, ge=1,
     description="tokens an env message may take; a longer one is cut in the middle "
@@ -91,12 +96,7 @@ class RolloutConfig(BaseModel):
     engine_args: dict[str, Any] = Field(
         default_factory=dict, description="extra VLLMEngine / vLLM engine arguments"
     )
-    engines: list[str] = Field(
-        default_factory=list,
-        description="engine replicas, each a server URL (`loomrl serve`) or the model's own spec "
-        "(in process); two or more make a pool (docs/scaling-out.md). Empty: one in-process "
-        "engine",
-    )
+    engines: list[str] = ENGINES
 
     @model_validator(mode="after")
     def _replicas_serve_the_model(self) -> RolloutConfig:

@@ -18,6 +18,7 @@ from pydantic import (
 )
 
 from loomrl.config import (
+    ENGINES,
     MAX_EXAMPLES,
     MAX_OBS_TOKENS,
     MAX_SEED,
@@ -241,12 +242,7 @@ class TrainConfig(BaseModel):
     )
     out: Path | None = Field(None, description="run directory (default runs/train-TIME)")
     engine_args: dict[str, Any] = Field(default_factory=dict, description="VLLMEngine args")
-    engines: list[str] = Field(
-        default_factory=list,
-        description="engine replicas, each a server URL (`loomrl serve`) or the model's own spec "
-        "(in process); two or more make a pool (docs/scaling-out.md). Empty: one in-process "
-        "engine",
-    )
+    engines: list[str] = ENGINES
 
     @model_validator(mode="before")
     @classmethod
