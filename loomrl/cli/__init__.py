@@ -59,9 +59,15 @@ def build_parser() -> argparse.ArgumentParser:
 def _terminate_like_interrupt() -> Any:
     """SIGTERM (``kill``, job schedulers) stops a run the way Ctrl-C does: asyncio
     cancels the main task, so engines close and reap vLLM's processes instead of leaving
-    them running, each holding its KV cache. Returns the previous handler."""
+    them running, each holding its KV cache. Returns the previous handler.
+
+    A process a non-interactive shell starts in the background (``cmd &``, ``nohup``)
+    inherits SIGINT ignored, and then neither Python nor asyncio would act on it: SIGINT
+    gets Python's handler back, or SIGTERM would do nothing at all."""
     if threading.current_thread() is not threading.main_thread():
         return None
+    if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
+        signal.signal(signal.SIGINT, signal.default_int_handler)
     return signal.signal(signal.SIGTERM, lambda *_: os.kill(os.getpid(), signal.SIGINT))
 
 
