@@ -22,7 +22,7 @@ def test_sigkilled_cli_rollout_resumes_exactly(tmp_path):
     cli = [sys.executable, "-m", "loomrl.cli", "rollout"]
     start = [
         *cli, "--model", "tiny-random", "--env", "guess_number", "--examples", str(EXAMPLES),
-        "--n", str(N), "--max-tokens", "32", "--max-len", "512", "--concurrency", "4",
+        "--n", str(N), "--max-tokens", "8", "--max-len", "512", "--concurrency", "2",
         "--out", str(run_dir),
     ]  # fmt: skip
     seen = kill_mid_production(start, run_dir, timeout=600)  # a busy CI machine is slow
