@@ -19,7 +19,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import re
-import socket
 import statistics
 import time
 import urllib.request
@@ -30,18 +29,12 @@ from _report import write_section
 import loomrl
 from loomrl.engines import EnginePool
 from loomrl.engines.remote import RemoteEngine
-from loomrl.engines.serve import start_server
+from loomrl.engines.serve import free_port, start_server
 from loomrl.types import SamplingParams
 
 MAX_LEN = 1024
 SEQS = 64
 SERVE = {"kv_cache_gib": 1, "max_len": MAX_LEN, "max_num_seqs": SEQS}
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 async def tokens_per_s(engine: Any, requests: int, tokens: int, rounds: int) -> list[float]:

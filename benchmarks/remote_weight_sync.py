@@ -9,14 +9,13 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import socket
 import statistics
 
 import torch
 from transformers import AutoModelForCausalLM
 
 from loomrl.engines.remote import RemoteEngine
-from loomrl.engines.serve import start_server
+from loomrl.engines.serve import free_port, start_server
 from loomrl.models import resolve
 
 
@@ -31,10 +30,7 @@ def main() -> None:
     parser.add_argument("--model", default="smollm2-135m-instruct")
     parser.add_argument("--rounds", type=int, default=3)
     args = parser.parse_args()
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    with start_server(args.model, port=port, kv_cache_gib=1, max_len=1024) as server:
+    with start_server(args.model, port=free_port(), kv_cache_gib=1, max_len=1024) as server:
         seconds = asyncio.run(measure(server.url, args.model, args.rounds))
     print(f"{args.model}: update_weights " + ", ".join(f"{s:.2f}" for s in seconds)
           + f" s (median {statistics.median(seconds):.2f} s)")  # fmt: skip

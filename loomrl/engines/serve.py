@@ -16,6 +16,7 @@ from __future__ import annotations
 import contextlib
 import os
 import signal
+import socket
 import subprocess
 import sys
 import tempfile
@@ -31,9 +32,17 @@ from loomrl.engines.vllm import (
     DEFAULT_CPU_KV_CACHE_GIB,
     WEIGHT_LOADER,
     _config_max_len,
+    _on_cpu,
     serving_dtype,
 )
 from loomrl.models import resolve
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    """A port no one listens on now: for servers started by tests and benchmarks."""
+    with socket.socket() as probe:
+        probe.bind((host, 0))
+        return probe.getsockname()[1]
 
 
 class ServerStartError(RuntimeError):
@@ -216,9 +225,3 @@ def _cause(log_tail: str) -> str:
 def _signal_group(pid: int, sig: signal.Signals) -> None:
     with contextlib.suppress(ProcessLookupError, PermissionError):
         os.killpg(pid, sig)
-
-
-def _on_cpu() -> bool:
-    from loomrl.engines.vllm import _on_cpu as on_cpu
-
-    return on_cpu()

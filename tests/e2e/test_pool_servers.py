@@ -9,7 +9,6 @@ import asyncio
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 
@@ -20,7 +19,7 @@ from crash import run_session
 import loomrl
 from loomrl.engines import EnginePool
 from loomrl.engines.remote import RemoteEngine
-from loomrl.engines.serve import start_server
+from loomrl.engines.serve import free_port, start_server
 from loomrl.runs import read_trajectories
 from loomrl.types import SamplingParams, Status
 
@@ -37,12 +36,6 @@ max_tokens = 8
 max_len = 256
 checkpoint_every = 2
 """
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 @pytest.fixture(scope="module")

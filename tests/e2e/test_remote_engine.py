@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import socket
 
 import psutil
 import pytest
@@ -20,7 +19,7 @@ import loomrl
 from loomrl.engines import EngineUnavailable
 from loomrl.engines.remote import RemoteEngine
 from loomrl.engines.remote_http import ModelMismatchError
-from loomrl.engines.serve import ServerStartError, start_server
+from loomrl.engines.serve import ServerStartError, free_port, start_server
 from loomrl.types import SamplingParams, Status
 
 pytestmark = pytest.mark.e2e
@@ -28,12 +27,6 @@ pytestmark = pytest.mark.e2e
 KEY = "loomrl-test-key"
 MAX_LEN = 256
 PROMPTS = [[1, 504, 3300, 17], [1, 4012, 77, 1630, 930, 12], [5000, 431, 88]]
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _launch():
