@@ -120,14 +120,17 @@ def kill_when(
             _kill_session(child)
 
 
-def run_session(cmd: list[str], *, timeout: float) -> subprocess.CompletedProcess[str]:
+def run_session(
+    cmd: list[str], *, timeout: float, env: dict[str, str] | None = None
+) -> subprocess.CompletedProcess[str]:
     """``subprocess.run(cmd, capture_output=True, text=True)`` in a session of its own,
     which is killed whole afterwards however the call ends (a timeout, pytest-timeout's
     interrupt, or the command exiting while a child of it, e.g. vLLM's engine core, lives
     on): a test never leaves an engine behind."""
     child = subprocess.Popen(
-        cmd, start_new_session=True, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
-    )
+        cmd, start_new_session=True, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        env=env,
+    )  # fmt: skip
     try:
         out, err = child.communicate(timeout=timeout)
     finally:

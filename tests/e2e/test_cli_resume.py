@@ -1,6 +1,10 @@
 """`loomrl rollout` with real vLLM killed with SIGKILL mid-production, then
 `loomrl rollout --resume RUN_DIR`: every example's group exactly once, finished groups
-kept, in-flight trajectories continued from their unchanged token prefix."""
+kept, in-flight trajectories continued from their unchanged token prefix.
+
+The environment is guess_number with a slow step (an installed plugin, ``slow_guess``):
+tiny-random's turns take milliseconds, so without it the whole rollout can pass between
+two reads of the log on a busy machine and no kill lands mid-episode."""
 
 from __future__ import annotations
 
@@ -8,6 +12,7 @@ import json
 import sys
 
 import pytest
+import slow_guess
 from crash import check_resumed, kill_mid_production, run_session
 
 from loomrl.runs import read_trajectories
@@ -19,19 +24,20 @@ EXAMPLES, N = 10, 2
 
 def test_sigkilled_cli_rollout_resumes_exactly(tmp_path):
     run_dir = tmp_path / "run"
+    env = slow_guess.install(tmp_path / "site")
     cli = [sys.executable, "-m", "loomrl.cli", "rollout"]
     start = [
-        *cli, "--model", "tiny-random", "--env", "guess_number", "--examples", str(EXAMPLES),
+        *cli, "--model", "tiny-random", "--env", "slow_guess", "--examples", str(EXAMPLES),
         "--n", str(N), "--max-tokens", "8", "--max-len", "512", "--concurrency", "2",
         "--out", str(run_dir),
     ]  # fmt: skip
-    seen = kill_mid_production(start, run_dir, timeout=600)  # a busy CI machine is slow
+    seen = kill_mid_production(start, run_dir, timeout=600, env=env)  # CI can be slow
     assert not (run_dir / "trajectories.parquet").exists()
 
-    refused = run_session([*cli, "--resume", str(run_dir), "--n", "3"], timeout=120)
+    refused = run_session([*cli, "--resume", str(run_dir), "--n", "3"], timeout=120, env=env)
     assert refused.returncode == 2 and "--resume continues" in refused.stderr
 
-    done = run_session([*cli, "--resume", str(run_dir)], timeout=600)
+    done = run_session([*cli, "--resume", str(run_dir)], timeout=600, env=env)
     assert done.returncode == 0, done.stderr[-3000:]
     check_resumed(read_trajectories(run_dir / "trajectories.parquet"), seen, EXAMPLES, N)
     metrics = json.loads((run_dir / "metrics.json").read_text())
