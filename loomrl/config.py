@@ -20,6 +20,7 @@ from typing import Any, Literal, TypeVar
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from loomrl.data import DataConfig
+from loomrl.distributed.config import RayConfig
 from loomrl.engines.replicas import check_replicas
 from loomrl.models import DEFAULT_MODEL
 from loomrl.redact import redact_text
@@ -48,6 +49,11 @@ ENGINES: Any = Field(
     default_factory=list,
     description="engine replicas, each a server URL (`loomrl serve`) or the model's own spec "
     "(in process); two or more make a pool (docs/scaling-out.md). Empty: one in-process engine",
+)
+RAY: Any = Field(
+    None,
+    description="engine replicas and environments as Ray actors ([ray] table, --ray; "
+    "docs/distributed.md). None: no Ray",
 )
 MAX_OBS_TOKENS: Any = Field(
     None, ge=1,
@@ -97,10 +103,11 @@ class RolloutConfig(BaseModel):
         default_factory=dict, description="extra VLLMEngine / vLLM engine arguments"
     )
     engines: list[str] = ENGINES
+    ray: RayConfig | None = RAY
 
     @model_validator(mode="after")
     def _replicas_serve_the_model(self) -> RolloutConfig:
-        check_replicas(self.model, self.engines)
+        check_replicas(self.model, self.engines, ray=self.ray is not None)
         return self
 
     @classmethod

@@ -10,6 +10,7 @@ anything is written or the engine starts. With data, the run also writes ``data.
 
 from __future__ import annotations
 
+import functools
 import json
 import math
 import time
@@ -33,6 +34,7 @@ from loomrl.config import (
     read_toml,
 )
 from loomrl.data import Drawn, check_record, draw, write_record
+from loomrl.distributed.run import RaySession, env_metrics, ray_session
 from loomrl.engines.base import Engine
 from loomrl.engines.replicas import engine_metrics, open_engines
 from loomrl.envs import load as load_env
@@ -107,7 +109,29 @@ async def run_rollout(
     if not resume:
         check_new_run(out, "rollout", overwrite=overwrite)
     check_spec(config.model)
-    env = counting_turns(load_env(config.env, **config.env_args), config)
+    with ray_session(config.ray) as ray:
+        return await _rollout_into(config, out, console, resume, overwrite, make_engine, drawn, ray)
+
+
+async def _rollout_into(
+    config: RolloutConfig,
+    out: Path,
+    console: Console,
+    resume: bool,
+    overwrite: bool,
+    make_engine: EngineMaker | None,
+    drawn: Drawn | None,
+    ray: RaySession | None,
+) -> tuple[Path, Rollouts]:
+    def local_env() -> Environment:
+        return load_env(config.env, **config.env_args)
+
+    if ray is None:
+        env = local_env()
+    else:
+        with console.status(f"starting Ray env actors for {escape(config.env)}"):
+            env = await ray.environment(config.env, config.env_args, local_env)
+    env = counting_turns(env, config)
     if config.max_obs_tokens is not None:
         env.max_obs_tokens = config.max_obs_tokens
     drawn = drawn or draw_examples(config, env)
@@ -137,11 +161,14 @@ async def run_rollout(
             results = Rollouts(trajs, compute_metrics(trajs, config.n, 0.0))
             extra = {f"producer/{k}": v for k, v in producer_metrics(buffer).items()}
         else:
+            make = functools.partial(make_engine or vllm_engine, config)
             with console.status(f"starting the engine for {escape(config.model)}"):
                 engine = await open_engines(
-                    config.model, config.engines, lambda: (make_engine or vllm_engine)(config)
-                )
+                    config.model, config.engines, make,
+                    started=None if ray is None else ray.engine_starter(config.model, make),
+                )  # fmt: skip
             results, extra = await _run(config, engine, env, examples, sampling, buffer, console)
+            extra |= env_metrics([env])
     finally:
         if buffer is not None:
             buffer.close()

@@ -9,7 +9,7 @@ import asyncio
 from pathlib import Path
 from typing import Any
 
-from loomrl.cli import data_flags
+from loomrl.cli import data_flags, ray_flags
 from loomrl.cli.checks import (
     check_agrees,
     check_engine_args,
@@ -64,6 +64,7 @@ def add_parser(sub: Any) -> None:
         help="replace the run already in --out (its files are removed)",
     )  # fmt: skip
     data_flags.add_arguments(roll)
+    ray_flags.add_arguments(roll)
     roll.set_defaults(func=cmd_rollout)
 
 
@@ -75,7 +76,8 @@ def requested(args: argparse.Namespace) -> RolloutConfig:
 
     overrides = {name: getattr(args, name) for name in FLAGS} | model_flags(args.model)
     if args.resume is None:
-        return data_flags.with_data_flags(load_config(RolloutConfig, args.config, overrides), args)
+        config = load_config(RolloutConfig, args.config, overrides)
+        return ray_flags.with_ray_flags(data_flags.with_data_flags(config, args), args)
     check_resume_alone(args)
     recorded = resume_config(args.resume)
     base = load_config(RolloutConfig, args.config, overrides) if args.config else recorded
@@ -85,13 +87,14 @@ def requested(args: argparse.Namespace) -> RolloutConfig:
     }
     named = {"data": "/".join(data_flags.FIELDS[k] for k in data_flags.data_flags(args))}
     named["env_args"] = "--reward"
-    # Servers may move between sessions: a resumed run takes the replicas it is given.
-    skip = ("out", "engines")
+    # Servers and clusters may move between sessions: a resumed run takes the replicas
+    # and the Ray cluster it is given.
+    skip = ("out", "engines", "ray")
     check_agrees(recorded, args.resume, args.config, {**overrides, **extra}, skip, named)
     check_buffer(args.resume / BUFFER)
     if overrides["engines"] is not None:
-        return recorded.model_copy(update={"engines": overrides["engines"]})
-    return recorded
+        recorded = recorded.model_copy(update={"engines": overrides["engines"]})
+    return ray_flags.with_ray_flags(recorded, args)
 
 
 def check_examples(config: RolloutConfig, resume: Path | None) -> Drawn:

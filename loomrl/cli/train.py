@@ -15,6 +15,7 @@ import importlib.util
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from loomrl.cli import ray_flags
 from loomrl.cli.checks import (
     check_agrees,
     check_engine_args,
@@ -51,6 +52,7 @@ def add_parser(sub: Any) -> None:
         "--overwrite", action="store_true",
         help="replace the run already in --out (its files, checkpoints included, are removed)",
     )  # fmt: skip
+    ray_flags.add_arguments(tr)
     tr.set_defaults(func=cmd_train)
 
 
@@ -62,11 +64,13 @@ def requested(args: argparse.Namespace) -> tuple[TrainConfig, int | None]:
     overrides = {"steps": args.steps, "seed": args.seed, "out": args.out}
     overrides |= model_flags(args.model)
     if args.resume is None:
-        return load_config(TrainConfig, args.config, overrides), None
+        config = load_config(TrainConfig, args.config, overrides)
+        return ray_flags.with_ray_flags(config, args), None
     check_resume_alone(args)
     recorded = resume_config(args.resume)
-    # Servers may move between sessions: a resumed run takes the replicas it is given.
-    skip = ("out", "steps", "engines")
+    # Servers and clusters may move between sessions: a resumed run takes the replicas
+    # and the Ray cluster it is given.
+    skip = ("out", "steps", "engines", "ray")
     asked = check_agrees(recorded, args.resume, args.config, overrides, skip=skip)
     steps = recorded.steps if args.steps is None else args.steps
     if args.steps is None and args.config is not None and asked.steps != recorded.steps:
@@ -86,7 +90,8 @@ def requested(args: argparse.Namespace) -> tuple[TrainConfig, int | None]:
         )
     extended = recorded.steps if steps > recorded.steps else None
     engines = overrides["engines"] if overrides["engines"] is not None else recorded.engines
-    return recorded.model_copy(update={"steps": steps, "engines": engines}), extended
+    resumed = recorded.model_copy(update={"steps": steps, "engines": engines})
+    return ray_flags.with_ray_flags(resumed, args), extended
 
 
 def check_log_to(config: TrainConfig, source: str) -> None:

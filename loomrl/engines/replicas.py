@@ -11,7 +11,7 @@ comes from ``$LOOMRL_API_KEY`` (never from a config file, which a run directory 
 from __future__ import annotations
 
 import os
-from collections.abc import Callable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from typing import Any
 
 from loomrl.engines.base import Engine
@@ -23,12 +23,19 @@ def is_url(spec: str) -> bool:
     return spec.startswith(("http://", "https://"))
 
 
-def check_replicas(model: str, engines: Sequence[str]) -> None:
-    """Raise ``ValueError`` when an entry is neither a server URL nor ``model``'s spec."""
+def check_replicas(model: str, engines: Sequence[str], *, ray: bool = False) -> None:
+    """Raise ``ValueError`` when an entry is neither a server URL nor ``model``'s spec
+    (with ``ray``: not a server URL, since engine actors are the run's own replicas)."""
     urls = [s.rstrip("/") for s in engines if is_url(s)]
     twice = sorted({u for u in urls if urls.count(u) > 1})
     if twice:
         raise ValueError(f"engines lists {', '.join(twice)} more than once: one replica a server")
+    local = [s for s in engines if not is_url(s)]
+    if ray and local:
+        raise ValueError(
+            f"engines lists {local[0]!r} beside [ray]: with Ray the run's own replicas are "
+            "ray.engine_actors (engines may add server URLs to the pool)"
+        )
     for spec in engines:
         if not is_url(spec) and spec != model:
             raise ValueError(
@@ -58,13 +65,16 @@ async def open_engines(
     make_local: Callable[[], Engine],
     *,
     policy_version: int = 0,
+    started: Callable[[], Awaitable[list[Engine]]] | None = None,
     **pool_args: Any,
 ) -> Engine:
     """The run's engine (see the module docstring); remote replicas are checked first and
-    everything opened is closed again when a later replica fails to start."""
-    if not engines:
+    everything opened is closed again when a later replica fails to start. ``started``
+    starts the run's own replicas in place of in-process ones (Ray engine actors): they
+    come first in the pool, the servers in ``engines`` after them."""
+    if not engines and started is None:
         return make_local()
-    check_replicas(model, engines)
+    check_replicas(model, engines, ray=started is not None)
     opened: list[Engine] = []
     try:
         remotes: dict[str, Engine] = {}
@@ -79,6 +89,10 @@ async def open_engines(
             await remote.check()
             remotes[url] = remote
         replicas: list[Engine] = []
+        if started is not None:
+            actors = await started()
+            opened += actors
+            replicas += actors
         for spec in engines:
             if spec in remotes:
                 replicas.append(remotes[spec])

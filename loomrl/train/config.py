@@ -22,12 +22,14 @@ from loomrl.config import (
     MAX_EXAMPLES,
     MAX_OBS_TOKENS,
     MAX_SEED,
+    RAY,
     TURN_DISCOUNT,
     TURN_REWARD,
     read_toml,
     table_of,
 )
 from loomrl.data import DataConfig
+from loomrl.distributed.config import RayConfig
 from loomrl.engines.replicas import check_replicas
 from loomrl.models import DEFAULT_MODEL
 from loomrl.rollout.turn_rewards import TurnReward
@@ -243,6 +245,7 @@ class TrainConfig(BaseModel):
     out: Path | None = Field(None, description="run directory (default runs/train-TIME)")
     engine_args: dict[str, Any] = Field(default_factory=dict, description="VLLMEngine args")
     engines: list[str] = ENGINES
+    ray: RayConfig | None = RAY
 
     @model_validator(mode="before")
     @classmethod
@@ -266,7 +269,7 @@ class TrainConfig(BaseModel):
 
     @model_validator(mode="after")
     def _replicas_serve_the_model(self) -> TrainConfig:
-        check_replicas(self.model, self.engines)
+        check_replicas(self.model, self.engines, ray=self.ray is not None)
         return self
 
     @model_validator(mode="after")

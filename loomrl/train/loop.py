@@ -10,6 +10,7 @@ on after it are trained on again and tokens of the lost policies are produced ag
 
 from __future__ import annotations
 
+import functools
 import json
 import time
 import uuid
@@ -21,6 +22,7 @@ import torch
 from torch import Tensor
 
 from loomrl.data import Drawn, Fingerprint, check_record, draw, write_record
+from loomrl.distributed.run import RaySession, env_metrics, ray_session
 from loomrl.engines.replicas import engine_metrics, has_remote, open_engines
 from loomrl.envs import Environment
 from loomrl.envs import load as load_env
@@ -88,7 +90,22 @@ async def train(
     checkpoint, the model, the environments, the data, the estimator) is checked before
     anything is written or the engine starts; a resumed run refuses data that changed
     since it started. ``drawn`` are the tasks' examples when already drawn
-    (``draw_tasks``; the command draws them while checking its input)."""
+    (``draw_tasks``; the command draws them while checking its input). With ``[ray]``
+    the engines (and, with ``env_placement = "ray"``, the environments) are Ray actors."""
+    with ray_session(config.ray) as ray:
+        return await _train(config, out, resume, overwrite, make_engine, on_step, drawn, ray)
+
+
+async def _train(
+    config: TrainConfig,
+    out: Path,
+    resume: bool,
+    overwrite: bool,
+    make_engine: Callable[[Path, int], Any] | None,
+    on_step: StepCallback | None,
+    drawn: Mapping[str, Drawn] | None,
+    ray: RaySession | None,
+) -> list[dict[str, Any]]:
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     if not resume:
@@ -114,7 +131,7 @@ async def train(
     drawn = drawn if drawn is not None else draw_tasks(config)
     if resume:
         check_record(out, _fingerprints(drawn))
-    tasks = _tasks(config, drawn)
+    tasks = await _tasks(config, drawn, ray)
     evals = eval_tasks(config, drawn) if config.eval_every else []
     dtype = getattr(torch, config.dtype)
     try:
@@ -154,14 +171,19 @@ async def train(
             buffer.close()
             return rows
         sinks = open_sinks(config.log_to, out, config.model_dump(mode="json"))
+        make = make_engine or engine_factory(config)
         engine = await open_engines(
-            config.model, config.engines,
-            lambda: (make_engine or engine_factory(config))(model_dir, start),
+            config.model, config.engines, functools.partial(make, model_dir, start),
             policy_version=start,
+            # Engine actors may run on other nodes: they start from the base model and
+            # take a resumed run's weights below.
+            started=None if ray is None else ray.engine_starter(
+                config.model, functools.partial(make, Path(config.model), 0)
+            ),
         )  # fmt: skip
         # A resumed LoRA run's engine starts from the base model, and a server holds
         # whatever weights it was last given: both get the learner's weights now.
-        if adapter is not None or has_remote(config.engines):
+        if adapter is not None or has_remote(config.engines) or (ray is not None and start):
             await engine.update_weights(sync_weights(model), version=start)
     except BaseException:
         buffer.close()
@@ -205,7 +227,7 @@ async def train(
                 step_s=time.perf_counter() - started, policy_version=engine.policy_version,
                 **_rollout_metrics(trajs, production, rows[-1] if rows else None), **production,
                 **{k: v for task in tasks for k, v in task.env.run_info().items()},
-                **engine_metrics(engine),
+                **engine_metrics(engine), **env_metrics([task.env for task in tasks]),
             )  # fmt: skip
             if evals and eval_due(step + 1, config.eval_every, config.steps):
                 row.update(await eval_row(engine, evals, eval_settings(config), out, step + 1))
@@ -248,15 +270,19 @@ def draw_tasks(config: TrainConfig) -> dict[str, Drawn]:
     return drawn
 
 
-def _tasks(config: TrainConfig, drawn: Mapping[str, Drawn]) -> list[Task]:
-    """One task per ``task_specs`` entry over its drawn examples."""
-    return [
-        Task(name, env, drawn[name].examples, spec.weight)
-        for name, spec in config.task_specs().items()
-        for env in [
-            _budgeted(counting_turns(load_env(spec.env or name, **spec.env_args), spec), config)
-        ]
-    ]
+async def _tasks(
+    config: TrainConfig, drawn: Mapping[str, Drawn], ray: RaySession | None
+) -> list[Task]:
+    """One task per ``task_specs`` entry over its drawn examples (each task's environment
+    on its own env actors with ``env_placement = "ray"``: tasks are routed to their env)."""
+    tasks = []
+    for name, spec in config.task_specs().items():
+        env_name = spec.env or name
+        local = functools.partial(load_env, env_name, **spec.env_args)
+        env = local() if ray is None else await ray.environment(env_name, spec.env_args, local)
+        env = _budgeted(counting_turns(env, spec), config)
+        tasks.append(Task(name, env, drawn[name].examples, spec.weight))
+    return tasks
 
 
 def _budgeted(env: Environment, config: TrainConfig) -> Environment:

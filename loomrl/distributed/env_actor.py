@@ -1,0 +1,370 @@
+"""An environment whose episodes run in a pool of Ray actors: ``RayEnvironment``.
+
+For environments too heavy for the rollout's process (sandboxes, simulators, judges).
+Each actor builds the environment by name (``loomrl.envs.load(name, **env_args)``); a
+``RayEnvironment`` is an ``Environment`` whose ``reset`` places a new episode on the
+actor with the fewest episodes, and whose ``step`` / ``score`` go to that actor, where the
+episode's state lives. The rollout keeps its own copy of the conversation (it renders the
+tokens from it); each call sends the actor the messages it has not seen yet, so the
+actor's state holds exactly the conversation the tokens encode (observations cut to
+``max_obs_tokens`` included) and ``score`` reads the same messages as in-process.
+
+After each call the actor returns the episode's ``state_dict`` (when the environment can
+save its state): the episode's checkpoint. When an actor dies:
+
+- ``on_actor_death = "fail"``: the episode's call raises ``EnvActorDied``; the rollout
+  ends that episode with status ``error`` and the others go on;
+- ``"retry"``: the episode is restored on another live actor from its last checkpoint
+  (the state after its previous turn) and the call is made again there: the episode
+  goes on as if nothing happened. An environment that cannot save its state fails
+  instead, saying why.
+
+A dead actor gets no new episodes. Ray restarts it up to ``max_restarts`` times (its
+episodes are gone with it; it serves new ones once it is back). Checkpoints also make a
+``RayEnvironment``'s episodes resumable from the replay buffer's log like any other.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import functools
+import itertools
+import os
+from collections.abc import Mapping
+from typing import Any
+
+from loomrl.distributed.cluster import actor_options, dead_actor_errors, require_ray
+from loomrl.envs.base import (
+    Environment,
+    EnvState,
+    EnvStep,
+    Message,
+    Score,
+    call,
+    check_plain,
+    plain_state,
+)
+
+ON_DEATH = ("fail", "retry")
+_KEY = "_ray_episode"  # the local state's data: which actor holds the episode
+
+
+class EnvActorDied(RuntimeError):
+    """The actor running an episode died (and the episode could not be moved)."""
+
+
+class EpisodeLost(KeyError):
+    """The actor has no such episode (it restarted, or the episode was cleaned up)."""
+
+
+class EnvActor:
+    """The Ray actor's body: one environment, the states of the episodes placed on it."""
+
+    def __init__(self, name: str, env_args: Mapping[str, Any]) -> None:
+        import loomrl.envs
+
+        self.env: Environment = loomrl.envs.load(name, **dict(env_args))
+        self.states: dict[str, EnvState] = {}
+
+    def describe(self) -> dict[str, Any]:
+        env = self.env
+        return {
+            "name": env.name, "max_turns": env.max_turns, "thread_safe": env.thread_safe,
+            "system_prompt": env.system_prompt, "turn_reward": env.turn_reward,
+            "turn_discount": env.turn_discount, "max_obs_tokens": env.max_obs_tokens,
+            "run_info": env.run_info(), "pid": os.getpid(),
+        }  # fmt: skip
+
+    def dataset(self, n: int, seed: int) -> list[dict[str, Any]]:
+        return self.env.dataset(n, seed)
+
+    async def reset(self, episode: str, example: dict[str, Any]) -> tuple[list[Message], Any, Any]:
+        """Open the episode; its opening messages and tools (``data`` stays here)."""
+        state = await call(self.env.reset, example)
+        self.states[episode] = state
+        return list(state.messages), state.tools, self._save(state)
+
+    def restore(self, episode: str, saved: dict[str, Any]) -> None:
+        self.states[episode] = self.env.load_state_dict(saved)
+
+    async def step(
+        self, episode: str, new: list[Message], turn: int, message: Message
+    ) -> tuple[EnvStep, Any]:
+        state = self._state(episode, new, turn)
+        step: EnvStep = await call(self.env.step, state, message)
+        return step, self._save(state)
+
+    async def score(self, episode: str, new: list[Message], turn: int) -> Score:
+        return await call(self.env.score, self._state(episode, new, turn))
+
+    def cleanup(self, episode: str) -> None:
+        state = self.states.pop(episode, None)
+        if state is not None:
+            self.env.cleanup(state)
+
+    def episodes(self) -> int:
+        return len(self.states)
+
+    def _state(self, episode: str, new: list[Message], turn: int) -> EnvState:
+        state = self.states.get(episode)
+        if state is None:
+            raise EpisodeLost(episode)
+        state.messages.extend(new)
+        state.turn = turn
+        return state
+
+    def _save(self, state: EnvState) -> dict[str, Any] | str:
+        """The episode's checkpoint, or why the environment cannot save it."""
+        try:
+            data = self.env.state_dict(state)
+            check_plain(data, f"{self.env.name}.state_dict()")
+        except Exception as exc:
+            return f"{type(exc).__name__}: {exc}"
+        return data
+
+
+@functools.cache
+def _actor_class() -> Any:
+    return require_ray().remote(EnvActor)
+
+
+class _Slot:
+    """One actor of the pool: its handle, its episodes, whether it answers."""
+
+    def __init__(self, actor: Any, index: int, pid: int) -> None:
+        self.actor = actor
+        self.index = index
+        self.pid = pid
+        self.episodes = 0
+        self.dead: str | None = None
+
+
+class RayEnvironment(Environment):
+    """``name``'s episodes in ``actors`` Ray actors (see the module docstring). Build it
+    with ``await RayEnvironment.start(...)`` or ``RayEnvironment.start_sync(...)``."""
+
+    nonblocking = False
+
+    def __init__(self, slots: list[_Slot], info: Mapping[str, Any], on_actor_death: str) -> None:
+        if on_actor_death not in ON_DEATH:
+            raise ValueError(f"on_actor_death must be one of {ON_DEATH}, got {on_actor_death!r}")
+        self._slots = slots
+        self.name = str(info["name"])
+        self.max_turns = int(info["max_turns"])
+        self.thread_safe = bool(info["thread_safe"])
+        self.system_prompt = info["system_prompt"]
+        self.turn_reward = str(info["turn_reward"])
+        self.turn_discount = float(info["turn_discount"])
+        self.max_obs_tokens = info["max_obs_tokens"]
+        self._run_info = dict(info["run_info"])
+        self.on_actor_death = on_actor_death
+        self._ids = itertools.count()
+        self._prefix = f"{os.getpid()}-{id(self):x}"
+        self.moved = 0  # episodes restored on another actor after theirs died
+        self.lost = 0  # episodes failed because their actor died
+
+    # -- building ----------------------------------------------------------------------
+    @classmethod
+    async def start(
+        cls,
+        name: str,
+        env_args: Mapping[str, Any] | None = None,
+        *,
+        actors: int = 2,
+        on_actor_death: str = "retry",
+        num_cpus: float = 0.5,
+        resources: Mapping[str, float] | None = None,
+        max_restarts: int = 0,
+    ) -> RayEnvironment:
+        """Start ``actors`` actors of environment ``name`` (built with ``env_args``)."""
+        if actors < 1:
+            raise ValueError(f"actors must be >= 1, got {actors}")
+        if on_actor_death not in ON_DEATH:
+            raise ValueError(f"on_actor_death must be one of {ON_DEATH}, got {on_actor_death!r}")
+        ray = require_ray()
+        args = dict(env_args or {})
+        options = actor_options(num_cpus, 0, resources, None, 0, max_restarts=max_restarts)
+        handles = [_actor_class().options(**options).remote(name, args) for _ in range(actors)]
+        try:
+            infos = await asyncio.gather(*(h.describe.remote() for h in handles))
+        except BaseException:
+            for handle in handles:
+                with contextlib.suppress(Exception):
+                    ray.kill(handle, no_restart=True)
+            raise
+        pairs = enumerate(zip(handles, infos, strict=True))
+        slots = [_Slot(handle, i, int(info["pid"])) for i, (handle, info) in pairs]
+        return cls(slots, infos[0], on_actor_death)
+
+    @classmethod
+    def start_sync(cls, name: str, env_args: Mapping[str, Any] | None = None, **kw: Any) -> Any:
+        """``start`` from synchronous code (no event loop running in this thread)."""
+        return asyncio.run(cls.start(name, env_args, **kw))
+
+    @property
+    def actors(self) -> list[Any]:
+        """The actor handles (e.g. for ``ray.kill``)."""
+        return [slot.actor for slot in self._slots]
+
+    @property
+    def pids(self) -> list[int]:
+        return [slot.pid for slot in self._slots]
+
+    def run_info(self) -> dict[str, Any]:
+        return {**self._run_info, "env_actors": len(self._slots)}
+
+    def metrics(self) -> dict[str, int]:
+        """Live actors, episodes moved after an actor died, episodes lost with one."""
+        live = sum(slot.dead is None for slot in self._slots)
+        return {"actors": len(self._slots), "live": live, "moved": self.moved, "lost": self.lost}
+
+    def dataset(self, n: int, seed: int = 0) -> list[dict[str, Any]]:
+        ray = require_ray()
+        return ray.get(self._pick().actor.dataset.remote(n, seed))
+
+    def close(self) -> None:
+        """Stop every actor (an environment's own ``cleanup`` of open episodes is skipped)."""
+        ray = require_ray()
+        for slot in self._slots:
+            with contextlib.suppress(Exception):
+                ray.kill(slot.actor, no_restart=True)
+            slot.dead = slot.dead or "closed"
+
+    # -- the environment contract --------------------------------------------------------
+    async def reset(self, example: dict[str, Any]) -> EnvState:  # type: ignore[override]
+        episode = f"{self._prefix}-{next(self._ids)}"
+        while True:
+            slot = self._pick()
+            slot.episodes += 1
+            try:
+                opened = await self._on(slot, slot.actor.reset.remote(episode, example))
+            except BaseException as exc:
+                slot.episodes -= 1
+                if isinstance(exc, EnvActorDied) and self.on_actor_death == "retry":
+                    continue  # nothing happened yet: open it on another actor
+                raise
+            messages, tools, saved = opened
+            state = EnvState(messages, example, tools)
+            count = len(messages)
+            place = {"episode": episode, "slot": slot.index, "saved": saved, "saved_at": count}
+            state.data[_KEY] = {**place, "synced": count}
+            return state
+
+    async def step(self, state: EnvState, message: Message) -> EnvStep:  # type: ignore[override]
+        def send(slot: _Slot, new: list[Message]) -> Any:
+            return slot.actor.step.remote(self._episode(state), new, state.turn, message)
+
+        step, saved = await self._call(state, send)
+        place = state.data[_KEY]
+        place["synced"] = len(state.messages)  # the actor has every message up to here
+        place["saved"], place["saved_at"] = saved, place["synced"]
+        return step
+
+    async def score(self, state: EnvState) -> Score:  # type: ignore[override]
+        def send(slot: _Slot, new: list[Message]) -> Any:
+            return slot.actor.score.remote(self._episode(state), new, state.turn)
+
+        score = await self._call(state, send)
+        state.data[_KEY]["synced"] = len(state.messages)
+        return score
+
+    def cleanup(self, state: EnvState) -> None:
+        place = state.data.get(_KEY)
+        if place is None or place["slot"] is None:
+            return
+        slot = self._slots[place["slot"]]
+        place["slot"] = None  # a later call (a resumed episode) restores it first
+        slot.episodes = max(0, slot.episodes - 1)
+        if slot.dead is None:
+            with contextlib.suppress(Exception):
+                slot.actor.cleanup.remote(place["episode"])
+
+    def state_dict(self, state: EnvState) -> dict[str, Any]:
+        """The local conversation and the actor's last checkpoint of the episode."""
+        place = state.data[_KEY]
+        if isinstance(place["saved"], str):
+            raise TypeError(f"{self.name} cannot save its state: {place['saved']}")
+        local = plain_state(EnvState(state.messages, state.example, state.tools, state.turn))
+        return {"state": local, "env": place["saved"], "synced": place["saved_at"]}
+
+    def load_state_dict(self, data: dict[str, Any]) -> EnvState:
+        if type(data) is not dict or set(data) != {"state", "env", "synced"}:
+            raise ValueError("a Ray env state has the fields ['env', 'state', 'synced']")
+        local = super().load_state_dict(data["state"])
+        synced = data["synced"]
+        if type(synced) is not int or not 0 <= synced <= len(local.messages):
+            raise ValueError(f"synced must be a message count, got {synced!r}")
+        episode = f"{self._prefix}-{next(self._ids)}"
+        place = {"episode": episode, "slot": None, "saved": data["env"], "saved_at": synced}
+        local.data[_KEY] = {**place, "synced": synced}
+        return local
+
+    # -- internals -----------------------------------------------------------------------
+    def _episode(self, state: EnvState) -> str:
+        return str(state.data[_KEY]["episode"])
+
+    def _pick(self) -> _Slot:
+        live = [slot for slot in self._slots if slot.dead is None]
+        if not live:
+            reasons = "; ".join(f"actor {s.index}: {s.dead}" for s in self._slots)
+            raise EnvActorDied(f"{self.name}: every env actor is gone ({reasons})")
+        return min(live, key=lambda slot: slot.episodes)
+
+    async def _on(self, slot: _Slot, ref: Any) -> Any:
+        """Await an actor call; a dead actor is marked and becomes ``EnvActorDied``."""
+        try:
+            return await ref
+        except asyncio.CancelledError:  # env_timeout or a cancelled rollout
+            with contextlib.suppress(Exception):
+                require_ray().cancel(ref)
+            raise
+        except dead_actor_errors() as exc:
+            slot.dead = f"{type(exc).__name__}"
+            raise EnvActorDied(
+                f"{self.name}: env actor {slot.index} (pid {slot.pid}) died: {type(exc).__name__}"
+            ) from None
+
+    async def _call(self, state: EnvState, send: Any) -> Any:
+        """Send the call to the episode's actor with the messages it has not seen; move
+        the episode from its checkpoint when that actor is gone (see the module docstring)."""
+        place = state.data[_KEY]
+        while True:
+            if place["slot"] is None:  # a resumed or cleaned-up episode: place it again
+                await self._restore(state)
+            slot = self._slots[place["slot"]]
+            new = state.messages[place["synced"] :]
+            try:
+                if slot.dead is not None:
+                    raise EnvActorDied(f"{self.name}: env actor {slot.index} died: {slot.dead}")
+                return await self._on(slot, send(slot, new))
+            except EpisodeLost:  # the actor restarted: its episodes are gone
+                pass
+            except EnvActorDied:
+                if self.on_actor_death == "fail":
+                    self.lost += 1
+                    raise
+            self.moved += 1
+            slot.episodes = max(0, slot.episodes - 1)
+            place["slot"] = None
+
+    async def _restore(self, state: EnvState) -> None:
+        """Place the episode on a live actor from its last checkpoint."""
+        place = state.data[_KEY]
+        saved = place["saved"]
+        if isinstance(saved, str):
+            self.lost += 1
+            raise EnvActorDied(
+                f"{self.name}: the episode's actor is gone and it cannot be moved: its "
+                f"state could not be saved ({saved})"
+            )
+        while True:
+            slot = self._pick()
+            try:
+                await self._on(slot, slot.actor.restore.remote(place["episode"], saved))
+            except EnvActorDied:
+                continue
+            slot.episodes += 1
+            place["slot"] = slot.index
+            place["synced"] = place["saved_at"]  # the checkpoint's messages, no more
+            return
