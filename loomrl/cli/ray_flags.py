@@ -4,6 +4,7 @@ from the command line, over the config file's own (docs/distributed.md)."""
 from __future__ import annotations
 
 import argparse
+import importlib.util
 from typing import Any, TypeVar
 
 from pydantic import BaseModel, ValidationError
@@ -49,7 +50,7 @@ def with_ray_flags(config: Config, args: argparse.Namespace) -> Config:
 
     flags = ray_flags(args)
     if not flags:
-        return config
+        return _installed(config)
     base = getattr(config, "ray", None)
     if base is None and "address" not in flags:
         first = FLAGS[next(k for k in flags if k in FLAGS)]
@@ -61,6 +62,15 @@ def with_ray_flags(config: Config, args: argparse.Namespace) -> Config:
         named = {k: f"{FLAGS[k]} {v}" for k, v in flags.items() if k in FLAGS}
         raise UsageError(describe(exc, "ray", named, RayConfig)) from None
     try:
-        return type(config).model_validate({**config.model_dump(), "ray": ray})
+        return _installed(type(config).model_validate({**config.model_dump(), "ray": ray}))
     except ValidationError as exc:
         raise UsageError(describe(exc, None, {"ray": "--ray"}, type(config))) from None
+
+
+def _installed(config: Config) -> Config:
+    """``config``, once Ray is known to be importable when it asks for Ray."""
+    if getattr(config, "ray", None) is not None and importlib.util.find_spec("ray") is None:
+        raise UsageError(
+            "this run uses Ray (--ray or [ray]) but Ray is not installed: pip install 'loomrl[ray]'"
+        )
+    return config

@@ -15,6 +15,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import os
+import socket
 from dataclasses import dataclass
 from typing import Any
 
@@ -31,6 +32,10 @@ def require_ray() -> Any:
             "environments as Ray actors"
         ) from None
     return ray
+
+
+class RayAddressError(ValueError):
+    """No Ray cluster answers at the address a run was given (a user error: the address)."""
 
 
 @functools.cache
@@ -92,14 +97,34 @@ def connect(
             **common,
         )
         return RayCluster(_current_address(ray), started=True, joined=True)
+    _check_reachable(address)
     try:
         ray.init(address=address, **common)
     except ConnectionError as exc:
-        raise ConnectionError(
-            f"cannot reach the Ray cluster at {address!r}: {exc}. Start one with "
-            "`ray start --head` (then --ray auto) or give its address HOST:6379"
+        raise RayAddressError(
+            f"cannot reach the Ray cluster at {address!r} ({exc}): start one with "
+            "`ray start --head` and give its address (HOST:6379, or auto on that node)"
         ) from None
     return RayCluster(address, started=False, joined=True)
+
+
+def _check_reachable(address: str, timeout_s: float = 5.0) -> None:
+    """Fail in seconds on a HOST:PORT that nothing listens on (``ray.init`` waits minutes)."""
+    if address == "auto":  # Ray reads it from this node's temp dir, failing at once
+        return
+    hostport = address.removeprefix("ray://")
+    host, _, port = hostport.rpartition(":")
+    if not host or not port.isdigit():
+        raise RayAddressError(
+            f"Ray address {address!r} is not 'local', 'auto', HOST:PORT or ray://HOST:PORT"
+        )
+    try:
+        socket.create_connection((host.strip("[]"), int(port)), timeout=timeout_s).close()
+    except OSError as exc:
+        raise RayAddressError(
+            f"cannot reach the Ray cluster at {address!r} ({exc.strerror or exc}): start one "
+            "with `ray start --head` and give its address (HOST:6379, or auto on that node)"
+        ) from None
 
 
 def _current_address(ray: Any) -> str:

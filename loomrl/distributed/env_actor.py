@@ -241,8 +241,10 @@ class RayEnvironment(Environment):
                 opened = await self._on(slot, slot.actor.reset.remote(episode, example))
             except BaseException as exc:
                 slot.episodes -= 1
-                if isinstance(exc, EnvActorDied) and self.on_actor_death == "retry":
-                    continue  # nothing happened yet: open it on another actor
+                if isinstance(exc, EnvActorDied):
+                    if self.on_actor_death == "retry":
+                        continue  # nothing happened yet: open it on another actor
+                    self.lost += 1
                 raise
             messages, tools, saved = opened
             state = EnvState(messages, example, tools)
@@ -307,7 +309,7 @@ class RayEnvironment(Environment):
     def _pick(self) -> _Slot:
         live = [slot for slot in self._slots if slot.dead is None]
         if not live:
-            reasons = "; ".join(f"actor {s.index}: {s.dead}" for s in self._slots)
+            reasons = "; ".join(f"actor {s.index} (pid {s.pid}): {s.dead}" for s in self._slots)
             raise EnvActorDied(f"{self.name}: every env actor is gone ({reasons})")
         return min(live, key=lambda slot: slot.episodes)
 
@@ -320,10 +322,11 @@ class RayEnvironment(Environment):
                 require_ray().cancel(ref)
             raise
         except dead_actor_errors() as exc:
-            slot.dead = f"{type(exc).__name__}"
-            raise EnvActorDied(
-                f"{self.name}: env actor {slot.index} (pid {slot.pid}) died: {type(exc).__name__}"
-            ) from None
+            slot.dead = slot.dead or type(exc).__name__
+            raise EnvActorDied(self._died(slot)) from None
+
+    def _died(self, slot: _Slot) -> str:
+        return f"{self.name}: env actor {slot.index} (pid {slot.pid}) died: {slot.dead}"
 
     async def _call(self, state: EnvState, send: Any) -> Any:
         """Send the call to the episode's actor with the messages it has not seen; move
@@ -336,7 +339,7 @@ class RayEnvironment(Environment):
             new = state.messages[place["synced"] :]
             try:
                 if slot.dead is not None:
-                    raise EnvActorDied(f"{self.name}: env actor {slot.index} died: {slot.dead}")
+                    raise EnvActorDied(self._died(slot))
                 return await self._on(slot, send(slot, new))
             except EpisodeLost:  # the actor restarted: its episodes are gone
                 pass

@@ -1,0 +1,53 @@
+"""A Ray cluster of a test's own, in a temp dir of its own so that every process it starts
+can be found (Ray names its session dir on each one's command line) and checked gone
+after it stops, whatever other Ray clusters run on the machine."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import shutil
+import tempfile
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import psutil
+
+
+def ray_processes(root: Path) -> list[psutil.Process]:
+    """Live processes whose command line names ``root`` (a Ray temp dir), but this one."""
+    found = []
+    for proc in psutil.process_iter(["cmdline", "status"]):
+        if proc.pid == os.getpid() or proc.info["status"] == psutil.STATUS_ZOMBIE:
+            continue
+        if str(root) in " ".join(proc.info["cmdline"] or []):
+            found.append(proc)
+    return found
+
+
+def assert_gone(root: Path, timeout: float = 20.0) -> None:
+    """Every process of the cluster in ``root`` ends within ``timeout`` seconds."""
+    deadline = time.monotonic() + timeout
+    while (alive := ray_processes(root)) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    names = [f"{p.pid} {' '.join(p.cmdline())[:120]}" for p in alive if p.is_running()]
+    assert not names, f"Ray processes left behind: {names}"
+
+
+@contextlib.contextmanager
+def ray_tmpdir() -> Iterator[Path]:
+    """``RAY_TMPDIR`` set to a new short dir (Ray's socket paths must stay short) for this
+    process and the processes it starts; removed after the check that nothing is left."""
+    root = Path(tempfile.mkdtemp(prefix="lr-", dir="/tmp"))
+    before = os.environ.get("RAY_TMPDIR")
+    os.environ["RAY_TMPDIR"] = str(root)
+    try:
+        yield root
+        assert_gone(root)
+    finally:
+        if before is None:
+            os.environ.pop("RAY_TMPDIR", None)
+        else:
+            os.environ["RAY_TMPDIR"] = before
+        shutil.rmtree(root, ignore_errors=True)
