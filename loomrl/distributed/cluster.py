@@ -77,9 +77,9 @@ def connect(
     object_store_gib: float = 1.0,
 ) -> RayCluster:
     """Join or start a Ray cluster (see the module docstring). A local cluster gets
-    ``num_cpus`` logical CPUs (default: at least this machine's, at least 8, so a few
-    engine and env actors fit on a small machine; actors mostly wait) and an object store
-    of ``object_store_gib`` GiB."""
+    ``num_cpus`` logical CPUs (default: the machine's count, at least 8, so a few engine
+    and env actors fit on a small machine; actors mostly wait) and an object store of
+    ``object_store_gib`` GiB."""
     ray = require_ray()
     if ray.is_initialized():
         return RayCluster(_current_address(ray), started=False, joined=False)
@@ -155,3 +155,16 @@ def actor_options(
             placement_group=group, placement_group_bundle_index=index
         )
     return options
+
+
+def check_room(what: str, count: int, per_actor: dict[str, float]) -> None:
+    """Raise ``ValueError`` when the cluster has fewer resources in all than ``count``
+    actors of ``what`` need (Ray would leave them pending, and the run waiting, forever)."""
+    have = require_ray().cluster_resources()
+    for name, amount in per_actor.items():
+        need = amount * count
+        if need > have.get(name, 0.0) + 1e-9:
+            raise ValueError(
+                f"the Ray cluster cannot hold {count} {what}: they need {need:g} {name} in "
+                f"all, it has {have.get(name, 0.0):g} (`ray status` lists each node's)"
+            )

@@ -22,7 +22,12 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from loomrl.distributed.cluster import actor_options, dead_actor_errors, require_ray
+from loomrl.distributed.cluster import (
+    actor_options,
+    check_room,
+    dead_actor_errors,
+    require_ray,
+)
 from loomrl.engines.base import Engine, EngineUnavailable
 from loomrl.types import Completion, SamplingParams
 
@@ -263,9 +268,10 @@ async def start_engine_actors(
     if count < 1:
         raise ValueError(f"count must be >= 1, got {count}")
     ray = require_ray()
+    bundle = {"CPU": num_cpus, **({"GPU": num_gpus} if num_gpus else {}), **(resources or {})}
+    check_room("engine actors", count, bundle)
     group = None
     if placement is not None:
-        bundle = {"CPU": num_cpus, **({"GPU": num_gpus} if num_gpus else {}), **(resources or {})}
         strategy = {"pack": "PACK", "spread": "SPREAD"}.get(placement)
         if strategy is None:
             raise ValueError(f"placement must be 'pack' or 'spread', got {placement!r}")

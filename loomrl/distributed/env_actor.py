@@ -34,7 +34,12 @@ import os
 from collections.abc import Mapping
 from typing import Any
 
-from loomrl.distributed.cluster import actor_options, dead_actor_errors, require_ray
+from loomrl.distributed.cluster import (
+    actor_options,
+    check_room,
+    dead_actor_errors,
+    require_ray,
+)
 from loomrl.envs.base import (
     Environment,
     EnvState,
@@ -183,6 +188,7 @@ class RayEnvironment(Environment):
         if on_actor_death not in ON_DEATH:
             raise ValueError(f"on_actor_death must be one of {ON_DEATH}, got {on_actor_death!r}")
         ray = require_ray()
+        check_room(f"{name} env actors", actors, {"CPU": num_cpus, **(resources or {})})
         args = dict(env_args or {})
         options = actor_options(num_cpus, 0, resources, None, 0, max_restarts=max_restarts)
         handles = [_actor_class().options(**options).remote(name, args) for _ in range(actors)]

@@ -4,6 +4,8 @@ start the engine actors that serve the run's model, and place environments on en
 from __future__ import annotations
 
 import contextlib
+import math
+import os
 from collections.abc import Awaitable, Callable, Iterator, Mapping
 from typing import Any
 
@@ -16,11 +18,19 @@ class RaySession:
     """A run's use of Ray: the cluster connection and the env actors it started (all
     stopped by ``close``; engine actors close with the engine pool they are in)."""
 
-    def __init__(self, config: RayConfig) -> None:
+    def __init__(self, config: RayConfig, envs: int = 1) -> None:
         from loomrl.distributed.cluster import connect
 
         self.config = config
-        self.cluster = connect(config.address, object_store_gib=config.object_store_gib)
+        # A cluster started for the run has room for its actors (logical CPUs: actors
+        # mostly wait on I/O; at least the machine's count, at least 8).
+        need = config.engine_actors * config.engine_cpus
+        if config.env_placement == "ray":
+            need += envs * config.env_actors * config.env_cpus
+        cpus = max(os.cpu_count() or 1, 8, math.ceil(need))
+        self.cluster = connect(
+            config.address, num_cpus=cpus, object_store_gib=config.object_store_gib
+        )
         self._envs: list[Any] = []
 
     def engine_starter(
@@ -73,12 +83,13 @@ class RaySession:
 
 
 @contextlib.contextmanager
-def ray_session(config: RayConfig | None) -> Iterator[RaySession | None]:
-    """A ``RaySession`` for ``config`` (None without one), closed on the way out."""
+def ray_session(config: RayConfig | None, envs: int = 1) -> Iterator[RaySession | None]:
+    """A ``RaySession`` for ``config`` (None without one) and a run of ``envs``
+    environments, closed on the way out."""
     if config is None:
         yield None
         return
-    session = RaySession(config)
+    session = RaySession(config, envs)
     try:
         yield session
     finally:

@@ -92,7 +92,7 @@ async def train(
     since it started. ``drawn`` are the tasks' examples when already drawn
     (``draw_tasks``; the command draws them while checking its input). With ``[ray]``
     the engines (and, with ``env_placement = "ray"``, the environments) are Ray actors."""
-    with ray_session(config.ray) as ray:
+    with ray_session(config.ray, envs=len(config.task_specs())) as ray:
         return await _train(config, out, resume, overwrite, make_engine, on_step, drawn, ray)
 
 
