@@ -13,8 +13,8 @@ BLOCK = """
 import signal, time
 from loomrl.cli import _terminate_like_interrupt
 _terminate_like_interrupt()
-print("ready", flush=True)
-try:
+try:  # "ready" inside: the signal may come as soon as the line is out
+    print("ready", flush=True)
     time.sleep(60)
 except KeyboardInterrupt:
     print("interrupted", flush=True)
