@@ -91,6 +91,7 @@ def connect(
     )  # fmt: skip
     if address in (None, "", "local"):
         ray.init(
+            address="local",  # a new cluster, whatever RAY_ADDRESS or `ray start` say
             num_cpus=num_cpus or max(os.cpu_count() or 1, 8),
             object_store_memory=int(object_store_gib * 2**30),
             include_dashboard=False,

@@ -338,9 +338,13 @@ class RayEnvironment(Environment):
         """Send the call to the episode's actor with the messages it has not seen; move
         the episode from its checkpoint when that actor is gone (see the module docstring)."""
         place = state.data[_KEY]
+        moving = False  # its actor died: counted as moved once restored elsewhere
         while True:
             if place["slot"] is None:  # a resumed or cleaned-up episode: place it again
                 await self._restore(state)
+                if moving:
+                    self.moved += 1
+                    moving = False
             slot = self._slots[place["slot"]]
             new = state.messages[place["synced"] :]
             try:
@@ -353,7 +357,7 @@ class RayEnvironment(Environment):
                 if self.on_actor_death == "fail":
                     self.lost += 1
                     raise
-            self.moved += 1
+            moving = True
             slot.episodes = max(0, slot.episodes - 1)
             place["slot"] = None
 
