@@ -10,7 +10,7 @@ run: setup
 # Unit tests in two workers, then the real-engine (e2e) tests alone: they time kills and
 # restarts of real processes and need the CPU to themselves.
 test: setup
-	.venv/bin/python -m pytest -q -n 2 -m "not e2e" --durations=10; unit=$$?; \
+	.venv/bin/python -m pytest -q -n 2 --dist loadgroup -m "not e2e" --durations=10; unit=$$?; \
 	.venv/bin/python -m pytest -q -m e2e --durations=15; e2e=$$?; \
 	test $$unit -eq 0 && test $$e2e -eq 0
 

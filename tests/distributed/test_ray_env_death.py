@@ -125,7 +125,8 @@ async def test_with_every_actor_dead_an_episode_has_nowhere_to_go(ray_cluster):
         with pytest.raises(EnvActorDied, match="every env actor is gone") as caught:
             await env.reset(GuessNumberEnv().dataset(1)[0])
         assert env.metrics()["live"] == 0
+        pids = env.pids
     finally:
         env.close()
-    assert "actor 0: ActorDiedError" in str(caught.value)
-    assert "actor 1: ActorDiedError" in str(caught.value)
+    for index, pid in enumerate(pids):
+        assert f"actor {index} (pid {pid}): ActorDiedError" in str(caught.value)
