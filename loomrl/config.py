@@ -177,6 +177,8 @@ def describe(
             parts.append(f"{where}: unknown field {field!r}{hint}")
         elif err["type"] == "missing":
             parts.append(f"{where}: {field} is required")
+        elif not loc:  # a rule across fields: its message names them, not the input
+            parts.append(f"{where}: {err['msg'].removeprefix('Value error, ')}")
         else:
             parts.append(f"{where}: {field} = {_shown(err.get('input'))}: {err['msg']}")
     return "; ".join(parts)
