@@ -140,11 +140,9 @@ def actor_options(
     resources: Any,
     group: Any,
     index: int,
-    *,
-    max_restarts: int = 0,
 ) -> dict[str, Any]:
     """``.options(...)`` for one actor: its resources, and its bundle of ``group``."""
-    options: dict[str, Any] = {"num_cpus": num_cpus, "max_restarts": max_restarts}
+    options: dict[str, Any] = {"num_cpus": num_cpus}
     if num_gpus:
         options["num_gpus"] = num_gpus
     if resources:

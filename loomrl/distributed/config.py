@@ -42,9 +42,6 @@ class RayConfig(BaseModel):
         description="an env actor died: 'retry' moves its episodes to another actor from their "
         "last checkpointed turn; 'fail' ends them with status error",
     )
-    env_actor_restarts: int = Field(
-        0, ge=-1, description="times Ray restarts a dead env actor (-1: always)"
-    )
     object_store_gib: float = Field(
         1.0, gt=0, description="object store of a local cluster (weights pass through it)"
     )

@@ -19,8 +19,7 @@ save its state): the episode's checkpoint. When an actor dies:
   goes on as if nothing happened. An environment that cannot save its state fails
   instead, saying why.
 
-A dead actor gets no new episodes. Ray restarts it up to ``max_restarts`` times (its
-episodes are gone with it; it serves new ones once it is back). Checkpoints also make a
+A dead actor gets no new episodes (the others take them). Checkpoints also make a
 ``RayEnvironment``'s episodes resumable from the replay buffer's log like any other.
 """
 
@@ -60,7 +59,7 @@ class EnvActorDied(RuntimeError):
 
 
 class EpisodeLost(KeyError):
-    """The actor has no such episode (it restarted, or the episode was cleaned up)."""
+    """The actor has no such episode (e.g. it was cleaned up): restore it first."""
 
 
 class EnvActor:
@@ -180,7 +179,6 @@ class RayEnvironment(Environment):
         on_actor_death: str = "retry",
         num_cpus: float = 0.5,
         resources: Mapping[str, float] | None = None,
-        max_restarts: int = 0,
     ) -> RayEnvironment:
         """Start ``actors`` actors of environment ``name`` (built with ``env_args``)."""
         if actors < 1:
@@ -190,7 +188,7 @@ class RayEnvironment(Environment):
         ray = require_ray()
         check_room(f"{name} env actors", actors, {"CPU": num_cpus, **(resources or {})})
         args = dict(env_args or {})
-        options = actor_options(num_cpus, 0, resources, None, 0, max_restarts=max_restarts)
+        options = actor_options(num_cpus, 0, resources, None, 0)
         handles = [_actor_class().options(**options).remote(name, args) for _ in range(actors)]
         try:
             infos = await asyncio.gather(*(h.describe.remote() for h in handles))
@@ -351,7 +349,7 @@ class RayEnvironment(Environment):
                 if slot.dead is not None:
                     raise EnvActorDied(self._died(slot))
                 return await self._on(slot, send(slot, new))
-            except EpisodeLost:  # the actor restarted: its episodes are gone
+            except EpisodeLost:  # cleaned up there meanwhile: restore it
                 pass
             except EnvActorDied:
                 if self.on_actor_death == "fail":

@@ -70,7 +70,7 @@ class RaySession:
 
         env = await RayEnvironment.start(
             name, env_args, actors=config.env_actors, on_actor_death=config.on_env_actor_death,
-            num_cpus=config.env_cpus, max_restarts=config.env_actor_restarts,
+            num_cpus=config.env_cpus,
         )  # fmt: skip
         self._envs.append(env)
         return env
