@@ -120,12 +120,39 @@ def _check_reachable(address: str, timeout_s: float = 5.0) -> None:
             f"Ray address {address!r} is not 'local', 'auto', HOST:PORT or ray://HOST:PORT"
         )
     try:
-        socket.create_connection((host.strip("[]"), int(port)), timeout=timeout_s).close()
+        with socket.create_connection((host.strip("[]"), int(port)), timeout=timeout_s) as sock:
+            speaks = _speaks_grpc(sock)
     except OSError as exc:
         raise RayAddressError(
             f"cannot reach the Ray cluster at {address!r} ({exc.strerror or exc}): start one "
             "with `ray start --head` and give its address (HOST:6379, or auto on that node)"
         ) from None
+    if not speaks:  # ray.init would wait for a Ray answer there for minutes
+        raise RayAddressError(
+            f"{address!r} is not a Ray cluster: something else listens at {hostport} (Ray "
+            "answers gRPC there); give the address `ray start --head` printed (HOST:6379, or "
+            "ray://HOST:10001 for Ray Client)"
+        )
+
+
+_H2_PREFACE = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n"
+_H2_SETTINGS = 4  # the frame type every HTTP/2 (gRPC) server sends first
+
+
+def _speaks_grpc(sock: socket.socket) -> bool:
+    """Whether the server on ``sock`` answers the HTTP/2 preface with its SETTINGS frame, as
+    Ray's gRPC servers (the GCS, Ray Client) do; an HTTP/1 server, say, does not."""
+    header = b""
+    try:
+        sock.sendall(_H2_PREFACE + bytes([0, 0, 0, _H2_SETTINGS, 0, 0, 0, 0, 0]))  # + SETTINGS
+        while len(header) < 9:
+            chunk = sock.recv(9 - len(header))
+            if not chunk:
+                break
+            header += chunk
+    except OSError:  # silent (timed out) or closed on us
+        return False
+    return len(header) == 9 and header[3] == _H2_SETTINGS
 
 
 def _current_address(ray: Any) -> str:
