@@ -90,13 +90,19 @@ def connect(
         configure_logging=True,
     )  # fmt: skip
     if address in (None, "", "local"):
-        ray.init(
-            address="local",  # a new cluster, whatever RAY_ADDRESS or `ray start` say
-            num_cpus=num_cpus or max(os.cpu_count() or 1, 8),
-            object_store_memory=int(object_store_gib * 2**30),
-            include_dashboard=False,
-            **common,
-        )
+        try:
+            ray.init(
+                address="local",  # a new cluster, whatever RAY_ADDRESS or `ray start` say
+                num_cpus=num_cpus or max(os.cpu_count() or 1, 8),
+                object_store_memory=int(object_store_gib * 2**30),
+                include_dashboard=False,
+                **common,
+            )
+        except ValueError as exc:  # e.g. an object store larger than the machine's memory
+            raise ValueError(
+                f"cannot start a local Ray cluster with an object store of "
+                f"{object_store_gib:g} GiB (ray.object_store_gib): {exc}"
+            ) from None
         return RayCluster(_current_address(ray), started=True, joined=True)
     _check_reachable(address)
     try:
@@ -121,7 +127,8 @@ def _check_reachable(address: str, timeout_s: float = 5.0) -> None:
         )
     try:
         with socket.create_connection((host.strip("[]"), int(port)), timeout=timeout_s) as sock:
-            speaks = _speaks_grpc(sock)
+            # A cluster with TLS (RAY_USE_TLS) answers no plaintext preface: not probed.
+            speaks = os.environ.get("RAY_USE_TLS", "0") not in ("0", "") or _speaks_grpc(sock)
     except OSError as exc:
         raise RayAddressError(
             f"cannot reach the Ray cluster at {address!r} ({exc.strerror or exc}): start one "

@@ -15,6 +15,7 @@ class RayConfig(BaseModel):
 
     address: str = Field(
         "local",
+        min_length=1,
         description="'local' starts a Ray cluster on this machine for the run; 'auto' joins "
         "the one `ray start --head` started here; HOST:6379 or ray://HOST:10001 one elsewhere",
     )

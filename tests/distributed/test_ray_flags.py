@@ -71,3 +71,12 @@ def test_an_in_process_engine_beside_ray_is_refused():
     # Server URLs may join the engine actors' pool.
     served = RolloutConfig(engines=["http://10.0.0.7:8000"], ray=RayConfig())
     assert served.engines == ["http://10.0.0.7:8000"]
+
+
+def test_an_empty_ray_address_is_refused():
+    from pydantic import ValidationError
+
+    from loomrl.distributed.config import RayConfig
+
+    with pytest.raises(ValidationError, match="address"):
+        RayConfig(address="")
