@@ -6,6 +6,7 @@ from __future__ import annotations
 import argparse
 
 import pytest
+from pydantic import ValidationError
 
 from loomrl.cli import ray_flags
 from loomrl.cli.checks import load_config
@@ -74,9 +75,5 @@ def test_an_in_process_engine_beside_ray_is_refused():
 
 
 def test_an_empty_ray_address_is_refused():
-    from pydantic import ValidationError
-
-    from loomrl.distributed.config import RayConfig
-
     with pytest.raises(ValidationError, match="address"):
         RayConfig(address="")
