@@ -16,12 +16,17 @@ import psutil
 
 
 def ray_processes(root: Path) -> list[psutil.Process]:
-    """Live processes whose command line names ``root`` (a Ray temp dir), but this one."""
+    """Live processes, but this one, whose command line names ``root`` (a Ray temp dir) or
+    that run with ``RAY_TMPDIR=root`` (what the cluster's workers started, e.g. vLLM's)."""
     found = []
     for proc in psutil.process_iter(["cmdline", "status"]):
         if proc.pid == os.getpid() or proc.info["status"] == psutil.STATUS_ZOMBIE:
             continue
-        if str(root) in " ".join(proc.info["cmdline"] or []):
+        try:
+            ours = proc.environ().get("RAY_TMPDIR") == str(root)
+        except (psutil.AccessDenied, psutil.NoSuchProcess, psutil.ZombieProcess):
+            ours = False
+        if ours or str(root) in " ".join(proc.info["cmdline"] or []):
             found.append(proc)
     return found
 

@@ -8,12 +8,15 @@ two reads of the log on a busy machine and no kill lands mid-episode."""
 
 from __future__ import annotations
 
+import contextlib
 import json
+import os
 import sys
 
 import pytest
 import slow_guess
 from crash import check_resumed, kill_mid_production, run_session
+from ray_cluster import ray_tmpdir
 
 from loomrl.runs import read_trajectories
 
@@ -22,22 +25,30 @@ pytestmark = pytest.mark.e2e
 EXAMPLES, N = 10, 2
 
 
-def test_sigkilled_cli_rollout_resumes_exactly(tmp_path):
+@pytest.mark.parametrize("where", ["in_process", "ray"])
+def test_sigkilled_cli_rollout_resumes_exactly(tmp_path, where):
+    """``ray``: the engine in a Ray engine actor and the episodes on two env actors; the
+    killed run's Ray processes are gone too, and the resumed run restores the in-flight
+    episodes on its own new env actors from their checkpoints."""
     run_dir = tmp_path / "run"
     env = slow_guess.install(tmp_path / "site")
     cli = [sys.executable, "-m", "loomrl.cli", "rollout"]
     start = [
         *cli, "--model", "tiny-random", "--env", "slow_guess", "--examples", str(EXAMPLES),
         "--n", str(N), "--max-tokens", "8", "--max-len", "512", "--concurrency", "2",
-        "--out", str(run_dir),
+        "--out", str(run_dir), *(["--ray", "--env-actors", "2"] if where == "ray" else []),
     ]  # fmt: skip
-    seen = kill_mid_production(start, run_dir, timeout=600, env=env)  # CI can be slow
+    with ray_tmpdir() if where == "ray" else contextlib.nullcontext():
+        env = {**env, **({"RAY_TMPDIR": os.environ["RAY_TMPDIR"]} if where == "ray" else {})}
+        seen = kill_mid_production(start, run_dir, timeout=600, env=env)  # CI can be slow
     assert not (run_dir / "trajectories.parquet").exists()
 
     refused = run_session([*cli, "--resume", str(run_dir), "--n", "3"], timeout=120, env=env)
     assert refused.returncode == 2 and "--resume continues" in refused.stderr
 
-    done = run_session([*cli, "--resume", str(run_dir)], timeout=600, env=env)
+    with ray_tmpdir() if where == "ray" else contextlib.nullcontext():
+        env = {**env, **({"RAY_TMPDIR": os.environ["RAY_TMPDIR"]} if where == "ray" else {})}
+        done = run_session([*cli, "--resume", str(run_dir)], timeout=600, env=env)
     assert done.returncode == 0, done.stderr[-3000:]
     check_resumed(read_trajectories(run_dir / "trajectories.parquet"), seen, EXAMPLES, N)
     metrics = json.loads((run_dir / "metrics.json").read_text())
