@@ -32,11 +32,16 @@ def ray_processes(root: Path) -> list[psutil.Process]:
 
 
 def assert_gone(root: Path, timeout: float = 20.0) -> None:
-    """Every process of the cluster in ``root`` ends within ``timeout`` seconds."""
+    """Every process of the cluster in ``root`` ends within ``timeout`` seconds (those
+    that do not are named, then killed: they are not left to the next test either)."""
     deadline = time.monotonic() + timeout
     while (alive := ray_processes(root)) and time.monotonic() < deadline:
         time.sleep(0.2)
-    names = [f"{p.pid} {' '.join(p.cmdline())[:120]}" for p in alive if p.is_running()]
+    names = []
+    for proc in alive:
+        with contextlib.suppress(psutil.Error):
+            names.append(f"{proc.pid} {' '.join(proc.cmdline())[:120]}")
+            proc.kill()
     assert not names, f"Ray processes left behind: {names}"
 
 

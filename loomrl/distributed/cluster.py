@@ -54,9 +54,6 @@ class RayCluster:
     started: bool  # this process started the cluster: close() stops it
     joined: bool  # this process called ray.init: close() disconnects
 
-    def resources(self) -> dict[str, float]:
-        return dict(require_ray().cluster_resources())
-
     def close(self) -> None:
         if self.joined:
             with contextlib.suppress(Exception):

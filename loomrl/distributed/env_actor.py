@@ -107,9 +107,6 @@ class EnvActor:
         if state is not None:
             self.env.cleanup(state)
 
-    def episodes(self) -> int:
-        return len(self.states)
-
     def _state(self, episode: str, new: list[Message], turn: int) -> EnvState:
         state = self.states.get(episode)
         if state is None:
@@ -146,7 +143,7 @@ class _Slot:
 
 class RayEnvironment(Environment):
     """``name``'s episodes in ``actors`` Ray actors (see the module docstring). Build it
-    with ``await RayEnvironment.start(...)`` or ``RayEnvironment.start_sync(...)``."""
+    with ``await RayEnvironment.start(...)``."""
 
     nonblocking = False
 
@@ -201,16 +198,6 @@ class RayEnvironment(Environment):
         slots = [_Slot(handle, i, int(info["pid"])) for i, (handle, info) in pairs]
         return cls(slots, infos[0], on_actor_death)
 
-    @classmethod
-    def start_sync(cls, name: str, env_args: Mapping[str, Any] | None = None, **kw: Any) -> Any:
-        """``start`` from synchronous code (no event loop running in this thread)."""
-        return asyncio.run(cls.start(name, env_args, **kw))
-
-    @property
-    def actors(self) -> list[Any]:
-        """The actor handles (e.g. for ``ray.kill``)."""
-        return [slot.actor for slot in self._slots]
-
     @property
     def pids(self) -> list[int]:
         return [slot.pid for slot in self._slots]
@@ -252,9 +239,7 @@ class RayEnvironment(Environment):
                 raise
             messages, tools, saved = opened
             state = EnvState(messages, example, tools)
-            count = len(messages)
-            place = {"episode": episode, "slot": slot.index, "saved": saved, "saved_at": count}
-            state.data[_KEY] = {**place, "synced": count}
+            state.data[_KEY] = _place(episode, slot.index, saved, len(messages))
             return state
 
     async def step(self, state: EnvState, message: Message) -> EnvStep:  # type: ignore[override]
@@ -302,8 +287,7 @@ class RayEnvironment(Environment):
         if type(synced) is not int or not 0 <= synced <= len(local.messages):
             raise ValueError(f"synced must be a message count, got {synced!r}")
         episode = f"{self._prefix}-{next(self._ids)}"
-        place = {"episode": episode, "slot": None, "saved": data["env"], "saved_at": synced}
-        local.data[_KEY] = {**place, "synced": synced}
+        local.data[_KEY] = _place(episode, None, data["env"], synced)
         return local
 
     # -- internals -----------------------------------------------------------------------
@@ -379,3 +363,10 @@ class RayEnvironment(Environment):
             place["slot"] = slot.index
             place["synced"] = place["saved_at"]  # the checkpoint's messages, no more
             return
+
+
+def _place(episode: str, slot: int | None, saved: Any, messages: int) -> dict[str, Any]:
+    """Where an episode lives (``slot``; None: on no actor yet) and its checkpoint
+    ``saved`` after ``messages`` messages, all of which that actor has seen."""
+    return {"episode": episode, "slot": slot, "saved": saved, "saved_at": messages,
+            "synced": messages}  # fmt: skip
