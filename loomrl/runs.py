@@ -20,6 +20,23 @@ import tomli_w
 from loomrl.redact import redact_value
 from loomrl.types import Status, Trajectory
 
+#: One earlier segment of a forked episode (``Trajectory.segments``): its own prompt and
+#: completion, laid out as the row's columns of the same names.
+SEGMENT_TYPE = pa.struct(
+    [
+        ("prompt_ids", pa.list_(pa.int32())),
+        ("completion_ids", pa.list_(pa.int32())),
+        ("logprobs", pa.list_(pa.float32())),
+        ("loss_mask", pa.list_(pa.int8())),
+        ("messages", pa.string()),
+        ("turns", pa.int32()),
+        ("span_starts", pa.list_(pa.int32())),
+        ("span_ends", pa.list_(pa.int32())),
+        ("span_versions", pa.list_(pa.int64())),
+        ("finish_reasons", pa.list_(pa.string())),
+    ]
+)
+
 TRAJECTORY_SCHEMA = pa.schema(
     [
         ("example_id", pa.int64()),
@@ -46,6 +63,7 @@ TRAJECTORY_SCHEMA = pa.schema(
         ("finish_reasons", pa.list_(pa.string())),
         ("turn_rewards", pa.list_(pa.float64())),
         ("env_metrics", pa.string()),
+        ("segments", pa.list_(SEGMENT_TYPE)),
     ]
 )
 
@@ -76,8 +94,20 @@ def trajectory_table(trajs: Sequence[Trajectory]) -> pa.Table:
         "finish_reasons": [t.finish_reasons for t in trajs],
         "turn_rewards": [t.turn_rewards for t in trajs],
         "env_metrics": [json.dumps(t.env_metrics) for t in trajs],
+        "segments": [[_segment_row(s) for s in t.segments] for t in trajs],
     }
     return pa.Table.from_pydict(columns, schema=TRAJECTORY_SCHEMA)
+
+
+def _segment_row(segment: Trajectory) -> dict[str, Any]:
+    return {
+        "prompt_ids": segment.prompt_ids, "completion_ids": segment.completion_ids,
+        "logprobs": segment.logprobs, "loss_mask": segment.loss_mask,
+        "messages": json.dumps(segment.messages, ensure_ascii=False), "turns": segment.turns,
+        "span_starts": [start for start, _ in segment.spans],
+        "span_ends": [end for _, end in segment.spans],
+        "span_versions": segment.span_versions, "finish_reasons": segment.finish_reasons,
+    }  # fmt: skip
 
 
 def write_trajectories(path: Path, trajs: Sequence[Trajectory]) -> None:
@@ -93,7 +123,9 @@ JSON_COLUMNS = {
     "env_metrics": dict,
 }  # and what each holds
 # Columns added after files were first written, and what an older file's rows get.
-LATER_COLUMNS: dict[str, Any] = {"turn_rewards": list, "env_metrics": lambda: "{}"}
+LATER_COLUMNS: dict[str, Any] = {
+    "turn_rewards": list, "env_metrics": lambda: "{}", "segments": list,
+}  # fmt: skip
 # Columns every row has a value in (``error`` is null but for failed rows; ``reward`` is
 # checked by status; the list columns by ``_row_problem``).
 _REQUIRED_SCALARS = (
@@ -137,6 +169,7 @@ def load_trajectories(path: Path | str) -> list[Trajectory]:
         if problem:
             raise ValueError(f"{where}: {problem}")
         spans, versions = _spans(row)
+        segments = [_segment(row, i, k, seg) for k, seg in enumerate(row["segments"] or [])]
         trajs.append(
             Trajectory(
                 example_id=row["example_id"], group_id=row["group_id"],
@@ -149,9 +182,37 @@ def load_trajectories(path: Path | str) -> list[Trajectory]:
                 status=Status(row["status"]), reward=row["reward"],
                 reward_components=row["reward_components"], error=row["error"],
                 turn_rewards=row["turn_rewards"] or [], env_metrics=row["env_metrics"],
+                segments=segments,
             )
         )  # fmt: skip
     return trajs
+
+
+def _segment(row: Mapping[str, Any], i: int, k: int, seg: dict[str, Any]) -> Trajectory:
+    """Segment ``k`` of row ``i`` as a ``Trajectory``, checked as a row is."""
+    where = f"row {i} (example {row.get('example_id')}) segment {k}"
+    try:
+        messages = json.loads(seg["messages"])
+    except (TypeError, ValueError, RecursionError) as exc:
+        raise ValueError(f"{where}: messages is not JSON ({exc})") from None
+    versions = seg["span_versions"] or []
+    as_row = {
+        **{name: row[name] for name in _REQUIRED_SCALARS}, **seg, "messages": messages,
+        "status": str(Status.TERMINATED), "reward": row["reward"],
+        "policy_version": min(versions, default=row["policy_version"]),
+    }  # fmt: skip
+    problem = _row_problem(as_row)
+    if problem:
+        raise ValueError(f"{where}: {problem}")
+    spans, versions = _spans(as_row)
+    return Trajectory(
+        example_id=row["example_id"], group_id=row["group_id"],
+        sample_index=row["sample_index"], env=row["env"], prompt_ids=seg["prompt_ids"],
+        completion_ids=seg["completion_ids"], logprobs=seg["logprobs"],
+        loss_mask=seg["loss_mask"], messages=messages, spans=spans, span_versions=versions,
+        finish_reasons=seg["finish_reasons"] or [], turns=seg["turns"] or 0,
+        reward=row["reward"],
+    )  # fmt: skip
 
 
 def _row_problem(row: Mapping[str, Any]) -> str | None:
@@ -198,7 +259,8 @@ def _span_problem(row: Mapping[str, Any]) -> str | None:
         covered[start:end] = [1] * (end - start)
     if covered != list(row["loss_mask"]):
         return "the spans do not cover exactly the loss_mask 1 positions"
-    if versions and row["policy_version"] != min(versions):
+    earlier = [v for seg in row.get("segments") or [] for v in seg["span_versions"] or []]
+    if versions and row["policy_version"] != min(versions + earlier):
         return f"policy_version {row['policy_version']} is not the oldest span version"
     return None
 

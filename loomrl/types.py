@@ -133,10 +133,42 @@ class Trajectory:
     #: Counts the environment reported, summed over the episode's steps (each
     #: ``EnvStep.info["metrics"]``): e.g. ``tool_calls``, ``tool_errors``, ``sandbox_s``.
     env_metrics: dict[str, float] = field(default_factory=dict)
+    #: Earlier segments of a forked episode, oldest first (see ``fork``); the fields
+    #: above hold the last one. Each is a closed, token-exact sequence of its own.
+    segments: list[Trajectory] = field(default_factory=list)
 
     @property
     def policy_version(self) -> int:
-        return min(self.span_versions, default=0)
+        own = min(self.span_versions, default=0)
+        if not self.segments:
+            return own
+        earlier = min(s.policy_version for s in self.segments)
+        return min(own, earlier) if self.span_versions else earlier
+
+    def fork(self, prompt_ids: list[int], messages: list[dict[str, Any]]) -> None:
+        """Close the current segment and open a new one from ``prompt_ids``.
+
+        For episodes whose conversation was rewritten (an agent harness compacting or
+        editing its history): the tokens sampled so far stay exactly as they were, in a
+        segment of their own, and the new history is rendered afresh instead of being
+        spliced onto them. Training uses every segment as its own sequence.
+        """
+        closed = Trajectory(
+            example_id=self.example_id, group_id=self.group_id,
+            sample_index=self.sample_index, env=self.env, prompt_ids=self.prompt_ids,
+            completion_ids=self.completion_ids, logprobs=self.logprobs,
+            loss_mask=self.loss_mask, messages=self.messages, spans=self.spans,
+            span_versions=self.span_versions, finish_reasons=self.finish_reasons,
+            turns=len(_turn_starts(self)), status=Status.TERMINATED,
+        )  # fmt: skip
+        self.segments.append(closed)
+        self.prompt_ids, self.messages = prompt_ids, messages
+        self.completion_ids, self.logprobs, self.loss_mask = [], [], []
+        self.spans, self.span_versions, self.finish_reasons = [], [], []
+
+    def all_segments(self) -> list[Trajectory]:
+        """Every token sequence of the episode, oldest first (just ``[self]`` unforked)."""
+        return [*self.segments, self]
 
     @property
     def num_prompt_tokens(self) -> int:
@@ -151,3 +183,15 @@ class Trajectory:
     def num_env_tokens(self) -> int:
         """Glue tokens the environment and template contributed (mask 0)."""
         return len(self.completion_ids) - self.num_completion_tokens
+
+
+def _turn_starts(traj: Trajectory) -> list[int]:
+    """Where each model turn of the current segment starts (an aborted piece and the
+    piece continuing it are one turn)."""
+    starts: list[int] = []
+    end = -1
+    for (start, stop), reason in zip(traj.spans, traj.finish_reasons, strict=True):
+        if start != end or not starts:
+            starts.append(start)
+        end = stop if reason == "abort" else -1
+    return starts

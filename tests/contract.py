@@ -4,6 +4,7 @@ tests (the ``check_contract`` fixture in tests/conftest.py wraps ``check_contrac
 from __future__ import annotations
 
 from collections.abc import Collection, Sequence
+from dataclasses import replace
 from typing import Any
 
 from loomrl.tokens import ChatTokenizer, verify
@@ -55,6 +56,25 @@ def canonical_turns(
 
 
 def check_contract(
+    tokenizer: Any, chat: ChatTokenizer, traj: Trajectory, stop_ids: Collection[int] = ()
+) -> None:
+    """Assert the contract of every segment of one finished trajectory: a forked
+    episode's earlier segments (``traj.segments``) and its last, each on its own."""
+    for segment in segments_of(traj):
+        check_segment(tokenizer, chat, segment, stop_ids)
+
+
+def segments_of(traj: Trajectory) -> list[Trajectory]:
+    """Each segment as a trajectory of its own (the last one with its own turn count)."""
+    if not traj.segments:
+        return [traj]
+    earlier = sum(s.turns for s in traj.segments)
+    versions = [v for s in traj.all_segments() for v in s.span_versions]
+    assert traj.policy_version == min(versions, default=0)
+    return [*traj.segments, replace(traj, turns=traj.turns - earlier, segments=[])]
+
+
+def check_segment(
     tokenizer: Any, chat: ChatTokenizer, traj: Trajectory, stop_ids: Collection[int] = ()
 ) -> None:
     """Assert the contract of one finished trajectory (any status but error/timeout):

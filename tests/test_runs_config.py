@@ -38,6 +38,13 @@ DOCUMENTED_COLUMNS = [
     ("finish_reasons", "list<item: string>"),
     ("turn_rewards", "list<item: double>"),
     ("env_metrics", "string"),
+    (
+        "segments",
+        "list<item: struct<prompt_ids: list<item: int32>, completion_ids: list<item: int32>, "
+        "logprobs: list<item: float>, loss_mask: list<item: int8>, messages: string, "
+        "turns: int32, span_starts: list<item: int32>, span_ends: list<item: int32>, "
+        "span_versions: list<item: int64>, finish_reasons: list<item: string>>>",
+    ),
 ]
 
 

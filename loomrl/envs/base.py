@@ -48,12 +48,20 @@ Message = dict[str, Any]
 Score = float | dict[str, float]
 
 
+class EnvTimeout(Exception):
+    """An environment call ran past its time limit (``env_timeout``, or an environment's
+    own, such as an agent harness's); the episode ends with status ``env_timeout``."""
+
+
 @dataclass(slots=True)
 class EnvStep:
     """What the environment answers to one assistant turn.
 
     ``reward`` is an optional per-turn reward (shaping), kept beside the final ``score``.
     ``stop`` holds stop strings for the *next* generation only (None = sampling defaults).
+    ``fork``: ``messages`` is not a reply but the whole conversation, rewritten (an agent
+    harness compacted or edited its history); the loop closes the trajectory's current
+    segment and renders this conversation afresh as a new one (``Trajectory.fork``).
     """
 
     messages: list[Message]
@@ -61,10 +69,23 @@ class EnvStep:
     reward: float | None = None
     stop: tuple[str, ...] | None = None
     info: dict[str, Any] = field(default_factory=dict)
+    fork: bool = False
 
     def __post_init__(self) -> None:
         if self.stop is not None:
             self.stop = tuple(self.stop)  # accept lists; keep the record hashable-friendly
+
+
+@dataclass(frozen=True, slots=True)
+class TurnRecord:
+    """The model's side of the turn just played, for environments that report it back
+    (an agent harness's API answer): the sampled ids and logprobs, why generation
+    stopped, and the tokens of context it was sampled after."""
+
+    token_ids: list[int]
+    logprobs: list[float]
+    finish_reason: str
+    context_tokens: int
 
 
 @dataclass(slots=True, weakref_slot=True)
@@ -141,6 +162,11 @@ class Environment(abc.ABC):
     def step(self, state: EnvState, message: Message) -> EnvStep:
         """Answer one assistant turn; single-turn by default, so the episode ends here."""
         return EnvStep(messages=[], done=True)
+
+    def record_turn(self, state: EnvState, turn: TurnRecord) -> None:
+        """Called (sync, inline) with each model turn just before ``step`` sees its
+        message; most environments need only the message and leave this alone."""
+        return None
 
     @abc.abstractmethod
     def score(self, state: EnvState) -> Score:

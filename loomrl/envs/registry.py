@@ -35,6 +35,7 @@ from loomrl.envs.calculator import CalculatorEnv
 from loomrl.envs.guess_number import GuessNumberEnv
 from loomrl.envs.python_tool import PythonToolEnv
 from loomrl.envs.qa import QAEnv
+from loomrl.harness.env import HarnessEnv
 from loomrl.redact import redact_text, redact_value
 
 EnvFactory = Callable[..., Environment]
@@ -277,6 +278,11 @@ register(
     "qa",
     QAEnv,
     "questions from your data (--data); reward by name: math_verify, exact, regex, choice",
+)
+register(
+    "harness",
+    HarnessEnv,
+    "an agent program (program='module:fn' or command=[...]) using the OpenAI chat API",
 )
 register_family(
     "reasoning_gym", rg_adapter.ReasoningGymEnv, rg_adapter.DESCRIPTION,

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from collections import defaultdict
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import torch
@@ -87,7 +87,41 @@ def make_experience(
     out = estimators.compute(estimator, **_inputs(estimator, kept, options, inputs))
     advantages, returns = _rows(out.advantages, kept), _rows(out.returns, kept)
     stats.update(_summary(out.advantages, _mask(kept)))
+    if any(t.segments for t in kept):
+        kept, advantages, returns = _with_segments(kept, advantages, returns, estimator)
+        stats["segments"] = len(kept) - stats["trajectories_used"]
     return Experience(kept, advantages, returns, estimator, stats)
+
+
+def _with_segments(
+    trajs: list[Trajectory],
+    advantages: list[list[float]],
+    returns: list[list[float]],
+    estimator: str,
+) -> tuple[list[Trajectory], list[list[float]], list[list[float]]]:
+    """Forked episodes' earlier segments as rows of their own (after their episode's last
+    segment), each with the episode's reward, advantage and return on its model tokens.
+    That value is read off the last segment, so it must be one value per episode (an
+    outcome estimator): token-level advantages have no meaning on another sequence."""
+    rows, adv_rows, ret_rows = list(trajs), list(advantages), list(returns)
+    for traj, adv, ret in zip(trajs, advantages, returns, strict=True):
+        if not traj.segments:
+            continue
+        on = [j for j, bit in enumerate(traj.loss_mask) if bit]
+        values = {(adv[j], ret[j]) for j in on}
+        if len(values) > 1:
+            raise ValueError(
+                f"estimator {estimator!r} gives token-level advantages, but example "
+                f"{traj.example_id} (sample {traj.sample_index}) is a forked episode whose "
+                "earlier segments need the episode's one advantage: use an outcome "
+                "estimator (grpo, rloo, ...) with forked episodes"
+            )
+        value, ret_value = values.pop() if values else (0.0, 0.0)
+        for segment in traj.segments:
+            rows.append(replace(segment, reward=traj.reward, segments=[]))
+            adv_rows.append([value if bit else 0.0 for bit in segment.loss_mask])
+            ret_rows.append([ret_value if bit else 0.0 for bit in segment.loss_mask])
+    return rows, adv_rows, ret_rows
 
 
 def _inputs(

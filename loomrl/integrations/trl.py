@@ -231,6 +231,12 @@ def to_trl(trajs: Sequence[Trajectory], filler_id: int) -> dict[str, list]:
                     "reward_components", "status")
     }  # fmt: skip
     for traj in trajs:
+        if traj.segments:
+            raise ValueError(
+                f"example {traj.example_id} (sample {traj.sample_index}) is a forked episode "
+                f"of {len(traj.segments) + 1} segments (its harness rewrote its history); "
+                "TRL takes one completion per prompt: train forked episodes with loomrl train"
+            )
         scored = traj.status in SCORED
         completion = traj.completion_ids or [filler_id]
         out["prompt_ids"].append(list(traj.prompt_ids) or [filler_id])

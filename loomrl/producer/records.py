@@ -24,6 +24,8 @@ always standard JSON. Free-form values (messages, env states) are written by Pyt
 
 from __future__ import annotations
 
+import base64
+import binascii
 import json
 import math
 import struct
@@ -55,6 +57,10 @@ def traj_to_row(traj: Trajectory) -> tuple[str, bytes]:
     data = {f.name: getattr(traj, f.name) for f in fields(Trajectory)}
     for name in TOKEN_FIELDS:
         del data[name]
+    if traj.segments:  # a forked episode's earlier segments, each stored as a row itself
+        data["segments"] = [_segment_out(segment) for segment in traj.segments]
+    else:
+        del data["segments"]
     data["status"] = str(traj.status)
     data["spans"] = [list(span) for span in traj.spans]
     data["reward"] = _float_out(traj.reward)
@@ -88,6 +94,26 @@ def traj_from_row(text: str, tokens: bytes) -> Trajectory:
     if missing:
         raise ValueError(f"trajectory fields {missing} are missing")
     return Trajectory(**values)
+
+
+def _segment_out(segment: Trajectory) -> dict[str, str]:
+    text, tokens = traj_to_row(segment)
+    return {"row": text, "tokens": base64.b64encode(tokens).decode("ascii")}
+
+
+def _segments(x: Any) -> list[Trajectory]:
+    if type(x) is not list:
+        raise TypeError(f"expected a list, got {_kind(x)}")
+    out = []
+    for item in x:
+        if type(item) is not dict or set(item) != {"row", "tokens"}:
+            raise TypeError('a segment is {"row": ..., "tokens": ...}')
+        try:
+            tokens = base64.b64decode(_str(item["tokens"]), validate=True)
+        except binascii.Error as exc:
+            raise ValueError(f"a segment's tokens are not base64 ({exc})") from None
+        out.append(traj_from_row(_str(item["row"]), tokens))
+    return out
 
 
 def _packed(code: str, values: list[Any]) -> bytes:
@@ -245,5 +271,6 @@ _READERS: dict[str, Callable[[Any], Any]] = {
     "finish_reasons": _list(_str), "turns": _int, "status": _status, "reward": _float,
     "reward_components": _float_map, "turn_rewards": _list(_optional(_float)),
     "error": _optional(_str), "timings": _float_map, "env_metrics": _float_map,
+    "segments": _segments,
 }  # fmt: skip
 _REQUIRED = {"example_id", "group_id", "sample_index", "env"}

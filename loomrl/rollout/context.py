@@ -31,7 +31,7 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from loomrl.engines.base import Engine
-from loomrl.envs.base import Environment, EnvState
+from loomrl.envs.base import Environment, EnvState, EnvTimeout
 from loomrl.rollout.barrier import TurnBarrier
 from loomrl.rollout.turn_rewards import check_mode
 from loomrl.tokens import ChatTokenizer
@@ -43,10 +43,6 @@ INLINE_MAX_CHARS = 16_384
 INLINE_BUDGET_S = 0.05
 """An inline call slower than this moves the env's later calls to the pool."""
 _clock = time.perf_counter
-
-
-class EnvTimeout(Exception):
-    """An environment call ran past ``env_timeout``."""
 
 
 class Gate(Protocol):

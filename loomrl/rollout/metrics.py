@@ -94,7 +94,7 @@ def compute_metrics(trajs: Sequence[Trajectory], n: int, wall_s: float) -> Rollo
     rewards = [t.reward for t in trajs if t.status in SCORED]
     mean = math.fsum(rewards) / max(len(rewards), 1)
     turns = [t.turns for t in trajs]
-    generated = sum(t.num_completion_tokens for t in trajs)
+    generated = sum(s.num_completion_tokens for t in trajs for s in t.all_segments())
     groups = [trajs[i : i + n] for i in range(0, count, n)]
     by_group = [[t.reward for t in g if t.status in SCORED] for g in groups]
     spreads = [max(g) - min(g) for g in by_group if len(g) >= 2]

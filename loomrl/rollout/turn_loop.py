@@ -15,7 +15,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
-from loomrl.envs.base import EnvState
+from loomrl.envs.base import EnvState, TurnRecord
 from loomrl.rollout.context import EnvTimeout, RolloutContext
 from loomrl.rollout.observations import cap_messages, fit_messages
 from loomrl.types import Completion, Status, Trajectory
@@ -165,6 +165,9 @@ async def _play(
             break
         if ctx.barrier is not None:
             await ctx.barrier.wait()
+        context = len(traj.prompt_ids) + turn_start
+        record = TurnRecord(turn_ids, logprobs[turn_start:], out.finish_reason, context)
+        env.record_turn(state, record)
         t0 = time.perf_counter()
         step = await ctx.env_call(env.step, state, message, what="step")
         clock["env_s"] = clock.get("env_s", 0.0) + time.perf_counter() - t0
@@ -175,6 +178,15 @@ async def _play(
             state.messages.extend(step.messages)
             traj.status = Status.TERMINATED if step.done else Status.MAX_TURNS
             break
+        if step.fork:
+            if not _fork(ctx, traj, state, step.messages, encoded):
+                traj.status = Status.TRUNCATED
+                break
+            ids, logprobs, mask = traj.completion_ids, traj.logprobs, traj.loss_mask
+            encoded, stop = len(state.messages), step.stop
+            if ctx.checkpoint is not None:
+                ctx.checkpoint(traj, state, stop)
+            continue
         fitted = _fit_replies(ctx, traj, step.messages, turn_end, state.tools)
         if fitted is None:
             state.messages.extend(step.messages)  # scoring still sees what the env said
@@ -193,6 +205,26 @@ async def _play(
     # trajectory, whose messages are exactly the conversation its tokens encode.
     traj.messages = state.messages[:encoded]
     return state
+
+
+def _fork(
+    ctx: RolloutContext,
+    traj: Trajectory,
+    state: EnvState,
+    messages: list[dict[str, Any]],
+    encoded: int,
+) -> bool:
+    """Close the segment (its messages: the ``encoded`` ones) and start a new one from
+    the rewritten conversation ``messages``; False, changing nothing, when its fresh
+    rendering leaves no room to generate."""
+    prompt = ctx.chat.prompt_ids(messages, state.tools)
+    if len(prompt) >= ctx.max_len:
+        return False
+    traj.messages = state.messages[:encoded]
+    traj.fork(prompt, list(messages))
+    state.messages[:] = messages
+    traj.env_metrics["forks"] = traj.env_metrics.get("forks", 0.0) + 1
+    return True
 
 
 def _fit_replies(

@@ -54,10 +54,11 @@ async def test_sync_methods_run_where_the_env_asks(make_engine, nonblocking, fro
 
 async def test_builtin_envs_declare_nonblocking_methods():
     # Families (``prefix:NAME``) adapt other packages, whose code may block: not theirs.
+    needs = {"harness": {"program": "harness_agents:two_requests"}}  # its program
     for name in loomrl.envs.available():
         # qa's math_verify reward waits on a child process (tests/envs/test_qa_env)
         if ":" not in name and name != "qa":
-            assert loomrl.envs.load(name).nonblocking, name
+            assert loomrl.envs.load(name, **needs.get(name, {})).nonblocking, name
 
 
 # -- inline calls stay bounded ---------------------------------------------------------------

@@ -1,0 +1,119 @@
+"""How a harness's requests map onto one token-exact conversation.
+
+A harness resends the whole conversation with every request. The session keeps the
+conversation as the harness was told it (``api`` messages); a request that repeats it
+and adds messages of the environment's side (tool results, user turns) *extends* it:
+only those become glue tokens. Anything else (an edited, dropped or compacted message,
+an assistant message the model did not write, other tools) *rewrites* it: the episode
+forks into a new segment rendered afresh (``Trajectory.fork``).
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from loomrl.envs.parsers import ToolCall, ToolCallError, ToolCallParser
+
+Message = dict[str, Any]
+
+
+def extension(known: Sequence[Message], sent: Sequence[Message]) -> list[Message] | None:
+    """The messages ``sent`` adds after ``known``; None when it does not extend it."""
+    if len(sent) <= len(known):
+        return None
+    if not all(same_message(a, b) for a, b in zip(sent, known, strict=False)):
+        return None
+    added = list(sent[len(known) :])
+    if any(m["role"] == "assistant" for m in added):
+        return None  # only the model writes assistant turns into the tokens
+    return added
+
+
+def same_message(a: Message, b: Message) -> bool:
+    """Equal as the conversation: role, text, tool calls (name and decoded arguments;
+    call ids may be rewritten by a client), the tool call a tool message answers."""
+    if a["role"] != b["role"] or (a.get("content") or "") != (b.get("content") or ""):
+        return False
+    if a.get("tool_call_id") != b.get("tool_call_id"):
+        return False
+    return _calls(a) == _calls(b)
+
+
+def _calls(message: Message) -> list[tuple[str, Any]]:
+    out = []
+    for call in message.get("tool_calls") or []:
+        function = call["function"]
+        try:
+            arguments = json.loads(function["arguments"])
+        except ValueError:
+            arguments = function["arguments"]
+        out.append((function["name"], arguments))
+    return out
+
+
+def rendered(
+    messages: Sequence[Message],
+    tools: list[dict[str, Any]] | None,
+    parser: ToolCallParser,
+    tools_in_prompt: bool,
+) -> list[Message]:
+    """The conversation the chat template renders: tool calls of assistant messages as
+    the model writes them (the model's own replies already hold theirs as text), and,
+    with ``tools_in_prompt``, the tool listing in the system message."""
+    out: list[Message] = []
+    for message in messages:
+        text = _calls_text(parser, message)
+        message = {k: v for k, v in message.items() if k != "tool_calls"}
+        if text:
+            message["content"] = f"{message['content']}{text}"
+        out.append(message)
+    if tools and tools_in_prompt:
+        listing = parser.instructions(list(tools))
+        if out[0]["role"] == "system":
+            out[0] = {**out[0], "content": f"{out[0]['content']}\n\n{listing}"}
+        else:
+            out.insert(0, {"role": "system", "content": listing})
+    return out
+
+
+def _calls_text(parser: ToolCallParser, message: Message) -> str:
+    """Tool calls a harness wrote into an assistant message itself, as Hermes blocks;
+    empty when there are none or the text already holds them (the model's own replies)."""
+    if not message.get("tool_calls") or parser.parse(message.get("content") or ""):
+        return ""
+    blocks = [
+        json.dumps({"name": name, "arguments": arguments}) for name, arguments in _calls(message)
+    ]
+    return "".join(f"\n<tool_call>\n{block}\n</tool_call>" for block in blocks)
+
+
+def answer_message(
+    text: str,
+    parser: ToolCallParser,
+    tools: list[dict[str, Any]] | None,
+    call_id: Callable[[], str],
+) -> tuple[Message, int]:
+    """The assistant message for the model's reply ``text``: ``content`` is the whole
+    text, ``tool_calls`` the calls the parser reads in it (when tools were offered), each
+    with a new ``call_id()``; and how many call attempts were malformed."""
+    message: Message = {"role": "assistant", "content": text}
+    if not tools:
+        return message, 0
+    schemas = {t["function"]["name"]: t for t in tools}
+    calls, bad = [], 0
+    for attempt in parser.parse(text, tools=schemas):
+        if isinstance(attempt, ToolCallError) or not isinstance(attempt, ToolCall):
+            bad += 1
+            continue
+        calls.append(
+            {
+                "id": call_id(),
+                "type": "function",
+                "function": {"name": attempt.name, "arguments": json.dumps(attempt.arguments)},
+            }
+        )
+    if calls:
+        message["tool_calls"] = calls
+    return message, bad
