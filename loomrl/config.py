@@ -55,6 +55,14 @@ RAY: Any = Field(
     description="engine replicas and environments as Ray actors ([ray] table, --ray; "
     "docs/distributed.md). None: no Ray",
 )
+FIRST_TOKEN_TEMPERATURE: Any = Field(
+    None, gt=0, allow_inf_nan=False,
+    description="FIRE sampling: the temperature of each turn's first tokens (None: off)",
+)  # fmt: skip
+FIRST_TOKENS: Any = Field(1, ge=1, description="FIRE sampling: how many first tokens run hot")
+FIRE_TURNS: Any = Field(
+    "all", description="FIRE sampling on every turn ('all') or the episode's first ('first')"
+)
 MAX_OBS_TOKENS: Any = Field(
     None, ge=1,
     description="tokens an env message may take; a longer one is cut in the middle "
@@ -87,6 +95,9 @@ class RolloutConfig(BaseModel):
     max_tokens: int = Field(64, ge=1, description="tokens per model turn")
     temperature: float = Field(1.0, ge=0, allow_inf_nan=False, description="sampling temperature")
     top_p: float = Field(1.0, gt=0, le=1, description="nucleus sampling mass")
+    first_token_temperature: float | None = FIRST_TOKEN_TEMPERATURE
+    first_tokens: int = FIRST_TOKENS
+    fire_turns: Literal["all", "first"] = FIRE_TURNS
     concurrency: int = Field(64, ge=1, description="trajectories in flight at once")
     env_timeout: float | None = Field(30.0, gt=0, description="seconds per env call")
     turn_reward: TurnReward | None = TURN_REWARD

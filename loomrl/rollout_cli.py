@@ -145,6 +145,9 @@ async def _rollout_into(
         temperature=config.temperature,
         top_p=config.top_p,
         seed=config.seed,
+        first_token_temperature=config.first_token_temperature,
+        first_tokens=config.first_tokens,
+        fire_turns=config.fire_turns,
     )
     if not resume:
         if overwrite:

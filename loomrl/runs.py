@@ -34,6 +34,7 @@ SEGMENT_TYPE = pa.struct(
         ("span_ends", pa.list_(pa.int32())),
         ("span_versions", pa.list_(pa.int64())),
         ("finish_reasons", pa.list_(pa.string())),
+        ("span_temperatures", pa.list_(pa.float64())),
     ]
 )
 
@@ -64,6 +65,7 @@ TRAJECTORY_SCHEMA = pa.schema(
         ("turn_rewards", pa.list_(pa.float64())),
         ("env_metrics", pa.string()),
         ("segments", pa.list_(SEGMENT_TYPE)),
+        ("span_temperatures", pa.list_(pa.float64())),
     ]
 )
 
@@ -95,6 +97,7 @@ def trajectory_table(trajs: Sequence[Trajectory]) -> pa.Table:
         "turn_rewards": [t.turn_rewards for t in trajs],
         "env_metrics": [json.dumps(t.env_metrics) for t in trajs],
         "segments": [[_segment_row(s) for s in t.segments] for t in trajs],
+        "span_temperatures": [t.span_temperatures for t in trajs],
     }
     return pa.Table.from_pydict(columns, schema=TRAJECTORY_SCHEMA)
 
@@ -107,6 +110,7 @@ def _segment_row(segment: Trajectory) -> dict[str, Any]:
         "span_starts": [start for start, _ in segment.spans],
         "span_ends": [end for _, end in segment.spans],
         "span_versions": segment.span_versions, "finish_reasons": segment.finish_reasons,
+        "span_temperatures": segment.span_temperatures,
     }  # fmt: skip
 
 
@@ -125,6 +129,7 @@ JSON_COLUMNS = {
 # Columns added after files were first written, and what an older file's rows get.
 LATER_COLUMNS: dict[str, Any] = {
     "turn_rewards": list, "env_metrics": lambda: "{}", "segments": list,
+    "span_temperatures": list,
 }  # fmt: skip
 # Columns every row has a value in (``error`` is null but for failed rows; ``reward`` is
 # checked by status; the list columns by ``_row_problem``).
@@ -178,6 +183,7 @@ def load_trajectories(path: Path | str) -> list[Trajectory]:
                 logprobs=row["logprobs"], loss_mask=row["loss_mask"],
                 messages=row["messages"], spans=spans,
                 span_versions=versions, finish_reasons=row.get("finish_reasons") or [],
+                span_temperatures=row["span_temperatures"] or [],
                 turns=row["turns"],
                 status=Status(row["status"]), reward=row["reward"],
                 reward_components=row["reward_components"], error=row["error"],
@@ -211,6 +217,7 @@ def _segment(row: Mapping[str, Any], i: int, k: int, seg: dict[str, Any]) -> Tra
         completion_ids=seg["completion_ids"], logprobs=seg["logprobs"],
         loss_mask=seg["loss_mask"], messages=messages, spans=spans, span_versions=versions,
         finish_reasons=seg["finish_reasons"] or [], turns=seg["turns"] or 0,
+        span_temperatures=seg["span_temperatures"] or [],
         reward=row["reward"],
     )  # fmt: skip
 
@@ -262,6 +269,11 @@ def _span_problem(row: Mapping[str, Any]) -> str | None:
     earlier = [v for seg in row.get("segments") or [] for v in seg["span_versions"] or []]
     if versions and row["policy_version"] != min(versions + earlier):
         return f"policy_version {row['policy_version']} is not the oldest span version"
+    temperatures = row.get("span_temperatures") or []
+    if temperatures and len(temperatures) != len(starts):
+        return f"{len(temperatures)} span_temperatures for {len(starts)} spans"
+    if any(t is None or not 0 <= t < math.inf for t in temperatures):
+        return "span_temperatures must be finite numbers >= 0"
     return None
 
 

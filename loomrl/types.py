@@ -11,6 +11,7 @@ from enum import StrEnum
 from typing import Any, Literal
 
 FinishReason = Literal["stop", "length", "abort"]
+"""How an engine request ended; a trajectory's span may also end ``fire`` (``CONTINUED``)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -30,6 +31,14 @@ class SamplingParams:
     stop_token_ids: tuple[int, ...] = ()
     seed: int | None = None
     ignore_eos: bool = False
+    #: FIRE sampling (Flaming-hot Initiation with Regular Execution): the first
+    #: ``first_tokens`` tokens of a turn are sampled at ``first_token_temperature``, the
+    #: rest at ``temperature``, on every turn or only the episode's first (``fire_turns``).
+    #: The rollout applies it (two requests per turn, one trajectory, no re-tokenising;
+    #: each span records its temperature); engines only ever see plain requests.
+    first_token_temperature: float | None = None
+    first_tokens: int = 1
+    fire_turns: Literal["all", "first"] = "all"
 
     def __post_init__(self) -> None:
         if isinstance(self.stop, str):  # one stop string, not one per character
@@ -47,6 +56,13 @@ class SamplingParams:
             problems.append(f"min_tokens must be in [0, max_tokens], got {self.min_tokens}")
         if any(not s for s in self.stop):
             problems.append("stop strings must be non-empty")
+        hot = self.first_token_temperature
+        if hot is not None and not 0 < hot < float("inf"):
+            problems.append(f"first_token_temperature must be > 0 (or None), got {hot}")
+        if self.first_tokens < 1:
+            problems.append(f"first_tokens must be >= 1, got {self.first_tokens}")
+        if self.fire_turns not in ("all", "first"):
+            problems.append(f"fire_turns must be 'all' or 'first', got {self.fire_turns!r}")
         if problems:
             raise ValueError("invalid SamplingParams: " + "; ".join(problems))
         # Accept lists from callers and TOML files, keep tuples so the record stays hashable.
@@ -106,9 +122,10 @@ class Trajectory:
     ``completion_ids`` holds everything after the prompt: model tokens (``loss_mask`` 1,
     their sampling logprob) and environment glue tokens (``loss_mask`` 0, logprob 0.0),
     concatenated in order; the three lists always have equal length. ``spans`` lists the
-    ``(start, end)`` offsets of each model turn in ``completion_ids`` and
-    ``span_versions`` the engine's policy version that produced each span;
-    ``policy_version`` is the oldest of them.
+    ``(start, end)`` offsets of each model turn in ``completion_ids`` (several adjacent
+    spans when a turn was generated in pieces: a weight update cut it, ``abort``, or FIRE
+    sampled its first tokens hot, ``fire``) and ``span_versions`` the engine's policy
+    version that produced each span; ``policy_version`` is the oldest of them.
     """
 
     example_id: int
@@ -123,6 +140,9 @@ class Trajectory:
     spans: list[tuple[int, int]] = field(default_factory=list)
     span_versions: list[int] = field(default_factory=list)
     finish_reasons: list[str] = field(default_factory=list)
+    #: The temperature each span was sampled at (FIRE samples a turn's first tokens hot:
+    #: a span of its own, finish reason ``fire``); empty in records older than it.
+    span_temperatures: list[float] = field(default_factory=list)
     turns: int = 0
     status: Status = Status.TERMINATED
     reward: float = 0.0
@@ -159,12 +179,14 @@ class Trajectory:
             completion_ids=self.completion_ids, logprobs=self.logprobs,
             loss_mask=self.loss_mask, messages=self.messages, spans=self.spans,
             span_versions=self.span_versions, finish_reasons=self.finish_reasons,
-            turns=len(_turn_starts(self)), status=Status.TERMINATED,
+            span_temperatures=self.span_temperatures, turns=len(_turn_starts(self)),
+            status=Status.TERMINATED,
         )  # fmt: skip
         self.segments.append(closed)
         self.prompt_ids, self.messages = prompt_ids, messages
         self.completion_ids, self.logprobs, self.loss_mask = [], [], []
         self.spans, self.span_versions, self.finish_reasons = [], [], []
+        self.span_temperatures = []
 
     def all_segments(self) -> list[Trajectory]:
         """Every token sequence of the episode, oldest first (just ``[self]`` unforked)."""
@@ -185,13 +207,17 @@ class Trajectory:
         return len(self.completion_ids) - self.num_completion_tokens
 
 
+#: Finish reasons of a span the next span of the same turn continues.
+CONTINUED = frozenset({"abort", "fire"})
+
+
 def _turn_starts(traj: Trajectory) -> list[int]:
-    """Where each model turn of the current segment starts (an aborted piece and the
-    piece continuing it are one turn)."""
+    """Where each model turn of the current segment starts (a piece that ended ``abort``
+    or ``fire`` and the piece continuing it are one turn)."""
     starts: list[int] = []
     end = -1
     for (start, stop), reason in zip(traj.spans, traj.finish_reasons, strict=True):
         if start != end or not starts:
             starts.append(start)
-        end = stop if reason == "abort" else -1
+        end = stop if reason in CONTINUED else -1
     return starts

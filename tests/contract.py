@@ -25,10 +25,10 @@ def mask_runs(mask: Sequence[int]) -> list[tuple[int, int]]:
 
 def turns_of(traj: Trajectory) -> list[tuple[int, int, str]]:
     """``(start, end, finish reason)`` per model turn: a piece a weight update cut (ending
-    in ``abort``) is joined to the piece that continued it."""
+    in ``abort``) or FIRE sampled hot (``fire``) is joined to the piece continuing it."""
     turns: list[tuple[int, int, str]] = []
     for (start, end), reason in zip(traj.spans, traj.finish_reasons, strict=True):
-        if turns and turns[-1][2] == "abort" and turns[-1][1] == start:
+        if turns and turns[-1][2] in ("abort", "fire") and turns[-1][1] == start:
             turns[-1] = (turns[-1][0], end, reason)
         else:
             turns.append((start, end, reason))
@@ -91,6 +91,8 @@ def check_segment(
     for lp, bit in zip(lps, mask, strict=True):
         assert lp == 0.0 if bit == 0 else lp <= 0.0
     assert len(traj.spans) == len(traj.span_versions) == len(traj.finish_reasons)
+    assert len(traj.span_temperatures) == len(traj.spans)
+    assert all(t >= 0 for t in traj.span_temperatures)
     turns = turns_of(traj)
     assert [(s, e) for s, e, _ in turns] == mask_runs(mask)
     assert len(turns) == traj.turns

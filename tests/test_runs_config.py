@@ -43,8 +43,10 @@ DOCUMENTED_COLUMNS = [
         "list<item: struct<prompt_ids: list<item: int32>, completion_ids: list<item: int32>, "
         "logprobs: list<item: float>, loss_mask: list<item: int8>, messages: string, "
         "turns: int32, span_starts: list<item: int32>, span_ends: list<item: int32>, "
-        "span_versions: list<item: int64>, finish_reasons: list<item: string>>>",
+        "span_versions: list<item: int64>, finish_reasons: list<item: string>, "
+        "span_temperatures: list<item: double>>>",
     ),
+    ("span_temperatures", "list<item: double>"),
 ]
 
 

@@ -27,7 +27,8 @@ from loomrl.models import DEFAULT_MODEL
 
 FLAGS = (
     "env", "examples", "n", "max_turns", "max_len", "max_tokens", "temperature",
-    "concurrency", "seed", "mode", "out", "max_obs_tokens",
+    "concurrency", "seed", "mode", "out", "max_obs_tokens", "first_token_temperature",
+    "first_tokens", "fire_turns",
 )  # fmt: skip
 
 
@@ -46,6 +47,13 @@ def add_parser(sub: Any) -> None:
     roll.add_argument("--max-len", type=int, help="prompt + completion tokens (default 2048)")
     roll.add_argument("--max-tokens", type=int, help="tokens per turn (default 64)")
     roll.add_argument("--temperature", type=float)
+    roll.add_argument(
+        "--first-token-temperature", type=float, metavar="T",
+        help="FIRE sampling: each turn's first tokens at temperature T, the rest at "
+        "--temperature (off by default)",
+    )  # fmt: skip
+    roll.add_argument("--first-tokens", type=int, metavar="K", help="FIRE: hot tokens (1)")
+    roll.add_argument("--fire-turns", choices=["all", "first"], help="FIRE: which turns (all)")
     roll.add_argument("--concurrency", type=int)
     roll.add_argument("--seed", type=int)
     roll.add_argument("--mode", choices=["continuous", "turn_sync"])

@@ -35,6 +35,7 @@ from loomrl.envs.calculator import CalculatorEnv
 from loomrl.envs.guess_number import GuessNumberEnv
 from loomrl.envs.python_tool import PythonToolEnv
 from loomrl.envs.qa import QAEnv
+from loomrl.harness import verifiers as vf_adapter
 from loomrl.harness.env import HarnessEnv
 from loomrl.redact import redact_text, redact_value
 
@@ -291,4 +292,7 @@ register_family(
 register_family(
     "textarena", ta_adapter.TextArenaEnv, ta_adapter.DESCRIPTION,
     check=ta_adapter.check, members=ta_adapter.game_ids,
+)  # fmt: skip
+register_family(
+    "verifiers", vf_adapter.verifiers_env, vf_adapter.DESCRIPTION, check=vf_adapter.check,
 )  # fmt: skip

@@ -51,6 +51,10 @@ class Batch:
     example_ids: Tensor  # [B] int64
     policy_versions: Tensor  # [B] int64
     rewards: Tensor  # [B] float32
+    #: Same shape as input_ids, float32: the temperature each model token was sampled at
+    #: (``Trajectory.span_temperatures``), NaN where none is recorded (prompt, glue,
+    #: padding, older records): scoring uses its own temperature there.
+    temperatures: Tensor | None = None
 
     @property
     def num_samples(self) -> int:
@@ -108,7 +112,7 @@ def pad(
     b, length = len(trajectories), width_p + width_c
     ids = torch.full((b, length), pad_token_id, dtype=torch.long)
     attention = torch.zeros((b, length), dtype=torch.long)
-    token = {name: torch.zeros((b, length), dtype=torch.float32) for name in _FLOAT_FIELDS}
+    token = _token_tensors((b, length))
     for i, (traj, adv, ret) in enumerate(rows):
         p, c = len(traj.prompt_ids), len(traj.completion_ids)
         first, end = width_p - p, width_p + c
@@ -138,7 +142,7 @@ def pack(
         dtype=torch.long,
     ).reshape(1, n)
     positions = torch.cat([torch.arange(k, dtype=torch.long) for k in lengths])
-    token = {name: torch.zeros((1, n), dtype=torch.float32) for name in _FLOAT_FIELDS}
+    token = _token_tensors((1, n))
     for i, (traj, adv, ret) in enumerate(rows):
         start = int(cu[i]) + len(traj.prompt_ids)
         _fill(token, 0, slice(start, int(cu[i + 1])), traj, adv, ret)
@@ -149,6 +153,13 @@ def pack(
 
 
 _FLOAT_FIELDS = ("loss_mask", "logprobs", "advantages", "returns")
+
+
+def _token_tensors(shape: tuple[int, int]) -> dict[str, Tensor]:
+    token = {name: torch.zeros(shape, dtype=torch.float32) for name in _FLOAT_FIELDS}
+    token["temperatures"] = torch.full(shape, float("nan"), dtype=torch.float32)
+    return token
+
 
 _Row = tuple[Trajectory, Sequence[float] | None, Sequence[float] | None]
 
@@ -199,6 +210,10 @@ def _fill(
         token["advantages"][row, where] = torch.as_tensor(adv[:c], dtype=torch.float32)
     if ret is not None:
         token["returns"][row, where] = torch.as_tensor(ret[:c], dtype=torch.float32)
+    if traj.span_temperatures:  # each span's tokens at the temperature they were sampled at
+        base = where.start
+        for (start, end), temperature in zip(traj.spans, traj.span_temperatures, strict=True):
+            token["temperatures"][row, base + start : base + end] = temperature
 
 
 def _metadata(trajectories: Sequence[Trajectory]) -> dict[str, Tensor]:

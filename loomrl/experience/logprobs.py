@@ -9,7 +9,9 @@ Only the logits that predict completion tokens are computed (transformers'
 ``logits_to_keep`` when the model has it), and the log-softmax runs in row chunks, so
 long prompts cost a forward pass but no vocabulary-sized memory. ``temperature`` divides
 the logits first: vLLM's sampling logprobs are those of the temperature-scaled
-distribution (top-p / top-k renormalisation is not modelled).
+distribution (top-p / top-k renormalisation is not modelled). A token the batch records
+another sampling temperature for (``Batch.temperatures``: FIRE's hot first tokens) is
+scored at that one, so importance ratios compare like with like.
 """
 
 from __future__ import annotations
@@ -41,6 +43,7 @@ class MicroBatch:
     position_ids: Tensor
     attention_mask: Tensor | None
     want: Tensor
+    temperatures: Tensor | None = None  # [b, n]: each token's sampling temperature, or NaN
 
 
 def micro_batches(batch: Batch, max_tokens: int = 2048) -> Iterator[MicroBatch]:
@@ -68,8 +71,9 @@ def micro_batches(batch: Batch, max_tokens: int = 2048) -> Iterator[MicroBatch]:
         want[:, widest_p:] = attention[:, widest_p:].bool()
         positions = batch.position_ids[rows, cols]
         yield MicroBatch(
-            rows, cols, batch.input_ids[rows, cols], positions, attention, want & (positions > 0)
-        )
+            rows, cols, batch.input_ids[rows, cols], positions, attention,
+            want & (positions > 0), _sliced(batch.temperatures, rows, cols),
+        )  # fmt: skip
         first = end
 
 
@@ -89,9 +93,14 @@ def _packed_micro_batches(
             want[0, start : start + c[i]] = True
         positions = batch.position_ids[:, cols]
         yield MicroBatch(
-            slice(0, 1), cols, batch.input_ids[:, cols], positions, None, want & (positions > 0)
-        )
+            slice(0, 1), cols, batch.input_ids[:, cols], positions, None,
+            want & (positions > 0), _sliced(batch.temperatures, slice(0, 1), cols),
+        )  # fmt: skip
         first = end
+
+
+def _sliced(values: Tensor | None, rows: slice, cols: slice) -> Tensor | None:
+    return None if values is None else values[rows, cols]
 
 
 @torch.no_grad()
@@ -151,7 +160,8 @@ def forward_scores(
     else:
         logits = model(**inputs).logits[:, cols]  # [b, k, V]
     targets = inputs["input_ids"][:, cols + 1]  # [b, k]
-    picked, spread = _target_logprobs(logits, targets, temperature, entropy, entropy_grad)
+    scale = _temperatures(mb, cols, temperature, device)  # float, or [b, k]
+    picked, spread = _target_logprobs(logits, targets, scale, entropy, entropy_grad)
     where = (torch.arange(b, device=device)[:, None], (cols + 1)[None, :])
     zeros = torch.zeros_like(out)
     logprobs = torch.where(want, out.index_put(where, picked), zeros)
@@ -160,17 +170,40 @@ def forward_scores(
     return logprobs, torch.where(want, zeros.index_put(where, spread), zeros)
 
 
+def _temperatures(
+    mb: MicroBatch, cols: Tensor, temperature: float, device: torch.device
+) -> float | Tensor:
+    """The temperature to score each kept target at: ``temperature``, or ``[b, k]`` when
+    some token was sampled at another one (FIRE's hot first tokens)."""
+    if mb.temperatures is None:
+        return temperature
+    recorded = mb.temperatures[:, cols.cpu() + 1]  # [b, k]
+    other = ~torch.isnan(recorded) & (recorded != temperature)
+    if not bool(other.any()):
+        return temperature
+    if bool((recorded[other] <= 0).any()):
+        raise ValueError("a token sampled at temperature 0 (greedy) cannot be scored")
+    return torch.where(other, recorded, torch.full_like(recorded, temperature)).to(device)
+
+
 def _target_logprobs(
-    logits: Tensor, targets: Tensor, temperature: float, entropy: bool, grad: bool = False
+    logits: Tensor,
+    targets: Tensor,
+    temperature: float | Tensor,
+    entropy: bool,
+    grad: bool = False,
 ) -> tuple[Tensor, Tensor | None]:
     """``log_softmax(logits / T)[target]`` in float32 (and the detached entropy), in row
-    chunks to bound memory."""
+    chunks to bound memory; ``T`` is one temperature or one per target (``[b, k]``)."""
     b, k, vocab = logits.shape
     flat, flat_targets = logits.reshape(b * k, vocab), targets.reshape(b * k)
+    per_row = temperature.reshape(b * k, 1) if isinstance(temperature, Tensor) else None
     pieces, spreads = [], []
     for start in range(0, b * k, SOFTMAX_CHUNK_ROWS):
         chunk = flat[start : start + SOFTMAX_CHUNK_ROWS].float()
-        if temperature != 1.0:
+        if per_row is not None:
+            chunk = chunk / per_row[start : start + SOFTMAX_CHUNK_ROWS]
+        elif temperature != 1.0:
             chunk = chunk / temperature
         norm = torch.logsumexp(chunk, dim=1)
         picked = chunk.gather(1, flat_targets[start : start + SOFTMAX_CHUNK_ROWS, None])[:, 0]

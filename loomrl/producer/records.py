@@ -268,7 +268,8 @@ def _kind(x: Any) -> str:
 _READERS: dict[str, Callable[[Any], Any]] = {
     "example_id": _int, "group_id": _int, "sample_index": _int, "env": _str,
     "messages": _objects, "spans": _list(_span), "span_versions": _list(_int),
-    "finish_reasons": _list(_str), "turns": _int, "status": _status, "reward": _float,
+    "finish_reasons": _list(_str), "span_temperatures": _list(_float), "turns": _int,
+    "status": _status, "reward": _float,
     "reward_components": _float_map, "turn_rewards": _list(_optional(_float)),
     "error": _optional(_str), "timings": _float_map, "env_metrics": _float_map,
     "segments": _segments,

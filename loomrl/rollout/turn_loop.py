@@ -18,7 +18,7 @@ from typing import Any
 from loomrl.envs.base import EnvState, TurnRecord
 from loomrl.rollout.context import EnvTimeout, RolloutContext
 from loomrl.rollout.observations import cap_messages, fit_messages
-from loomrl.types import Completion, Status, Trajectory
+from loomrl.types import CONTINUED, Completion, SamplingParams, Status, Trajectory
 
 
 class PromptTooLong(ValueError):
@@ -106,7 +106,7 @@ async def _play(
     for turn in range(traj.turns + 1, ctx.max_turns + 1):
         turn_start = _open_turn_start(traj)
         out = None
-        while True:  # one turn: several pieces when a weight update cuts a generation
+        while True:  # one turn: pieces when a weight update cuts it or FIRE starts it hot
             budget = ctx.max_len - len(traj.prompt_ids) - len(ids)
             if budget <= 0:
                 break
@@ -114,6 +114,7 @@ async def _play(
             if ctx.barrier is not None:
                 await ctx.barrier.wait()
             made = len(ids) - turn_start
+            hot = _hot_tokens(ctx.sampling, turn, made)
             t0 = time.perf_counter()
             out = await _generate(
                 ctx,
@@ -123,6 +124,7 @@ async def _play(
                 _seed(ctx, traj, turn, made),
                 made,
                 key=f"{traj.group_id}.{traj.sample_index}",
+                hot=hot,
             )
             clock["generate_s"] = clock.get("generate_s", 0.0) + time.perf_counter() - t0
             gate = ctx.gate
@@ -131,6 +133,7 @@ async def _play(
                 traj.spans.append((len(ids), len(ids) + len(out.token_ids)))
                 traj.span_versions.append(out.policy_version)
                 traj.finish_reasons.append(out.finish_reason)
+                traj.span_temperatures.append(_temperature(ctx.sampling, hot))
                 ids += out.token_ids
                 logprobs += out.logprobs
                 mask += [1] * len(out.token_ids)
@@ -143,6 +146,9 @@ async def _play(
                 if ctx.checkpoint is not None:
                     ctx.checkpoint(traj, state, stop)
                 continue  # the rest of this turn comes from the new weights
+            elif _hot_part_ended(ctx, out, hot, made, budget):
+                traj.finish_reasons[-1] = "fire"
+                continue  # the rest of this turn at the regular temperature
             break
         if out is None:  # no room was left to generate
             traj.status = Status.TRUNCATED
@@ -275,12 +281,13 @@ def _count(traj: Trajectory, env_name: str, info: dict[str, Any]) -> None:
 
 def _open_turn_start(traj: Trajectory) -> int:
     """Where the turn being generated began: a turn a weight update cut short ends in
-    spans that finished with ``abort`` and is continued, not started afresh."""
+    spans that finished with ``abort`` (or ``fire``: its hot first tokens) and is
+    continued, not started afresh."""
     start = len(traj.completion_ids)
     for (begin, _end), reason in zip(
         reversed(traj.spans), reversed(traj.finish_reasons), strict=True
     ):
-        if reason != "abort" or _end != start:
+        if reason not in CONTINUED or _end != start:
             break
         start = begin
     return start
@@ -297,6 +304,25 @@ def _seed(ctx: RolloutContext, traj: Trajectory, turn: int, made: int) -> int | 
     return hash((*key, made) if made else key) & 0x7FFFFFFF  # ints: stable
 
 
+def _hot_tokens(params: SamplingParams, turn: int, made: int) -> int:
+    """How many of this turn's next tokens FIRE samples hot (0: none, or FIRE is off)."""
+    if params.first_token_temperature is None or (params.fire_turns == "first" and turn > 1):
+        return 0
+    return max(params.first_tokens - made, 0)
+
+
+def _hot_part_ended(ctx: RolloutContext, out: Completion, hot: int, made: int, budget: int) -> bool:
+    """The piece FIRE sampled hot filled its ``hot`` tokens and the turn may go on."""
+    if not hot or out.finish_reason != "length" or len(out.token_ids) != hot:
+        return False
+    return hot < min(ctx.sampling.max_tokens - made, budget)
+
+
+def _temperature(params: SamplingParams, hot: int) -> float:
+    hot_temperature = params.first_token_temperature
+    return hot_temperature if hot and hot_temperature is not None else params.temperature
+
+
 async def _generate(
     ctx: RolloutContext,
     prompt: list[int],
@@ -305,19 +331,25 @@ async def _generate(
     seed: int | None,
     made: int = 0,
     key: str | None = None,
+    hot: int = 0,
 ) -> Completion:
     """One request; ``made`` tokens of this turn already exist (a continued turn), so the
-    turn's ``max_tokens`` and ``min_tokens`` count them. ``key`` names the trajectory in
-    the request id (``ctx.request_id``), so an engine pool keeps its turns on one replica."""
+    turn's ``max_tokens`` and ``min_tokens`` count them; ``hot`` > 0 asks for at most that
+    many tokens at FIRE's temperature. ``key`` names the trajectory in the request id
+    (``ctx.request_id``), so an engine pool keeps its turns on one replica."""
     params = ctx.sampling
-    if budget < params.max_tokens - made or stop or seed is not None or made:
+    fire = params.first_token_temperature is not None
+    if budget < params.max_tokens - made or stop or seed is not None or made or fire:
         left = min(params.max_tokens - made, budget)
+        piece = min(hot, left) if hot else left
         params = replace(
             params,
-            max_tokens=left,
-            min_tokens=min(max(params.min_tokens - made, 0), left),
+            max_tokens=piece,
+            min_tokens=min(max(params.min_tokens - made, 0), piece),
             stop=params.stop + tuple(stop or ()),
             seed=seed,
+            temperature=_temperature(params, hot),
+            first_token_temperature=None,  # engines see a plain request
         )
     request_id = ctx.request_id(key)
     ctx.in_flight.add(request_id)

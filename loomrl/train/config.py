@@ -19,6 +19,9 @@ from pydantic import (
 
 from loomrl.config import (
     ENGINES,
+    FIRE_TURNS,
+    FIRST_TOKEN_TEMPERATURE,
+    FIRST_TOKENS,
     MAX_EXAMPLES,
     MAX_OBS_TOKENS,
     MAX_SEED,
@@ -82,6 +85,9 @@ class TrainConfig(BaseModel):
     temperature: float = Field(
         1.0, gt=0, allow_inf_nan=False, description="sampling (and learner) temperature"
     )
+    first_token_temperature: float | None = FIRST_TOKEN_TEMPERATURE
+    first_tokens: int = FIRST_TOKENS
+    fire_turns: Literal["all", "first"] = FIRE_TURNS
     concurrency: int = Field(64, ge=1, description="trajectories in flight")
     env_timeout: float | None = Field(30.0, gt=0, description="seconds per env call")
     turn_reward: TurnReward | None = TURN_REWARD

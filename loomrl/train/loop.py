@@ -311,7 +311,9 @@ def _producer(
         buffer=buffer, max_turns=config.max_turns, max_len=config.max_len,
         concurrency=config.concurrency, env_timeout=config.env_timeout, on_error="isolate",
         sampling=SamplingParams(
-            max_tokens=config.max_tokens, temperature=config.temperature, seed=config.seed
+            max_tokens=config.max_tokens, temperature=config.temperature, seed=config.seed,
+            first_token_temperature=config.first_token_temperature,
+            first_tokens=config.first_tokens, fire_turns=config.fire_turns,
         ),
     )  # fmt: skip
 
