@@ -67,6 +67,24 @@ class TemplateWarning(UserWarning):
     """A chat template that works only if the engine is set up for it (e.g. its stops)."""
 
 
+def _check_text(messages: Sequence[Mapping[str, Any]]) -> None:
+    """Refuse content that is not text: a template would render a list of parts (an image,
+    say) as its Python repr, and the model would be trained on that text."""
+    for i, message in enumerate(messages, 1):
+        content = message.get("content")
+        if content is not None and type(content) is not str:
+            kinds = sorted(
+                {str(p.get("type")) for p in content if isinstance(p, Mapping)}
+                if isinstance(content, list)
+                else {type(content).__name__}
+            )
+            raise TemplateError(
+                f"message {i} ({message.get('role')}) has {'/'.join(kinds) or 'non-text'} "
+                "content, not text: this token layer renders text messages only (images "
+                "need a vision-language model's processor)"
+            )
+
+
 def _key(messages: Sequence[Mapping[str, Any]], tools: Sequence[Any] | None) -> Hashable:
     """Cache key of a rendering request."""
     return (freeze(messages), None if tools is None else freeze(tools))
@@ -138,6 +156,7 @@ class ChatTokenizer:
         key = _key(messages, tools)
         ids = self._prompts.get(key)
         if ids is None:
+            _check_text(messages)
             ids = tuple(self.encode(self.render(messages, tools, add_generation_prompt=True)))
             self._prompts.put(key, ids)
         return list(ids)
@@ -162,6 +181,7 @@ class ChatTokenizer:
         key = _key(env_messages, tools)
         ids = self._glues.get(key)
         if ids is None:
+            _check_text(env_messages)
             ids = self._derive_glue(env_messages, tools)
             self._glues.put(key, ids)
         end = self.end_of_turn_ids if ended_with_eot else tuple(turn_end)

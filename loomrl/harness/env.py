@@ -64,6 +64,8 @@ class _Episode:
     request: ChatRequest | None = None
     turn: TurnRecord | None = None
     reported: dict[str, int] = field(default_factory=dict)  # counts already sent as metrics
+    extended: int = 0  # later requests that extended the conversation
+    forked: int = 0  # ... and that rewrote it
 
 
 class HarnessEnv(Environment):
@@ -161,9 +163,13 @@ class HarnessEnv(Environment):
         counts = {"harness/invalid_tool_calls": invalid}
         request = await self._next(episode)
         if request is None:
+            later = episode.extended + episode.forked
+            if later:  # the episode's prefix-match rate, once (env metrics sum over steps)
+                counts["harness/prefix_match_rate"] = episode.extended / later
             return EnvStep(messages=[], done=True, info={"metrics": self._counts(episode, counts)})
         added = extension(session.api, request.messages) if request.tools == session.tools else None
         if added is None:  # the program rewrote its history (or changed its tools)
+            episode.forked += 1
             session.api, session.tools = list(request.messages), request.tools
             if not self.tools_in_prompt:
                 state.tools = request.tools
@@ -171,6 +177,7 @@ class HarnessEnv(Environment):
             info = {"metrics": self._counts(episode, counts)}
             return EnvStep(messages=messages, done=False, fork=True, info=info)
         session.api += added
+        episode.extended += 1
         counts["harness/extended"] = 1
         replies = rendered(added, None, self.parser, False)
         return EnvStep(

@@ -92,6 +92,7 @@ async def test_a_tool_loop_keeps_the_token_contract(engine, check_contract):
         assert traj.reward == 1.0 and traj.turns == 2 and not traj.segments
         assert traj.env_metrics["harness/requests"] == 2
         assert traj.env_metrics["harness/extended"] == 1
+        assert traj.env_metrics["harness/prefix_match_rate"] == 1.0
         assert traj.env_metrics["harness/bad_requests"] == 0
         assert traj.env_metrics["harness/invalid_tool_calls"] == 0
         assert [m["role"] for m in traj.messages] == [
@@ -209,6 +210,7 @@ async def test_a_rewritten_history_forks_into_exact_segments(
     assert len(traj.segments) == 1 and traj.env_metrics["forks"] == 1
     assert traj.env_metrics["harness/requests"] == 2
     assert traj.env_metrics.get("harness/extended", 0) == 0
+    assert traj.env_metrics["harness/prefix_match_rate"] == 0.0
     (first,) = traj.segments
     last = dataclasses.replace(traj, turns=traj.turns - first.turns, segments=[])
     assert (first.turns, last.turns) == (1, 1)
