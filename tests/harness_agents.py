@@ -51,52 +51,53 @@ def _add(arguments: str) -> str:
 async def tool_agent(run: HarnessRun, rounds: int = 3) -> dict[str, Any]:
     """Ask, run every tool call, and nudge the model once more when it answers without
     one: ``rounds`` requests at most."""
-    client = run.client()
     messages: list[dict[str, Any]] = [
         {"role": "system", "content": SYSTEM},
         {"role": "user", "content": run.example["question"]},
     ]
-    for _ in range(rounds):
-        reply = await client.chat.completions.create(
-            model=run.model, messages=messages, tools=[ADD], temperature=0.7, max_tokens=64
-        )
-        message = reply.choices[0].message
-        messages.append(message.model_dump(exclude_none=True))
-        if message.tool_calls:
-            for call in message.tool_calls:
-                result = _add(call.function.arguments)
-                messages.append({"role": "tool", "tool_call_id": call.id, "content": result})
-        else:
-            messages.append({"role": "user", "content": "Check it with the add tool."})
+    async with run.client() as client:
+        for _ in range(rounds):
+            reply = await client.chat.completions.create(
+                model=run.model, messages=messages, tools=[ADD], temperature=0.7, max_tokens=64
+            )
+            message = reply.choices[0].message
+            messages.append(message.model_dump(exclude_none=True))
+            if message.tool_calls:
+                for call in message.tool_calls:
+                    result = _add(call.function.arguments)
+                    messages.append({"role": "tool", "tool_call_id": call.id, "content": result})
+            else:
+                messages.append({"role": "user", "content": "Check it with the add tool."})
     return {"requests": rounds}
 
 
 async def two_requests(run: HarnessRun) -> dict[str, float]:
     """Asks, says "Go on.", and reports whether the last answer held the sum."""
-    client = run.client()
-    messages: list[dict[str, Any]] = [{"role": "user", "content": run.example["question"]}]
-    for follow_up in ("Go on.", None):
-        reply = await client.chat.completions.create(model=run.model, messages=messages)
-        messages.append({"role": "assistant", "content": reply.choices[0].message.content})
-        if follow_up:
-            messages.append({"role": "user", "content": follow_up})
+    async with run.client() as client:
+        messages = await _two_turns(client, run, run.example["question"])
     return {"reward": float(str(run.example["answer"]) in messages[-1]["content"])}
 
 
 async def compacting_agent(run: HarnessRun) -> None:
     """Two requests in one conversation, then a third that replaces the history with a
     summary (as agent frameworks compact a long context): the episode forks."""
-    client = run.client()
     question = run.example["question"]
+    async with run.client() as client:
+        messages = await _two_turns(client, run, question)
+        summary = (messages[-1]["content"] or "")[:120]
+        compacted = [
+            {"role": "system", "content": "Earlier work was summarised."},
+            {"role": "user", "content": f"{question} Notes so far: {summary!r}. Final answer?"},
+        ]
+        await client.chat.completions.create(model=run.model, messages=compacted)
+
+
+async def _two_turns(client: Any, run: HarnessRun, question: str) -> list[dict[str, Any]]:
+    """Ask ``question``, then "Go on.": the conversation with both answers."""
     messages: list[dict[str, Any]] = [{"role": "user", "content": question}]
     for follow_up in ("Go on.", None):
         reply = await client.chat.completions.create(model=run.model, messages=messages)
         messages.append({"role": "assistant", "content": reply.choices[0].message.content})
         if follow_up:
             messages.append({"role": "user", "content": follow_up})
-    summary = (messages[-1]["content"] or "")[:120]
-    compacted = [
-        {"role": "system", "content": "Earlier work was summarised."},
-        {"role": "user", "content": f"{question} Notes so far: {summary!r}. Final answer?"},
-    ]
-    await client.chat.completions.create(model=run.model, messages=compacted)
+    return messages

@@ -88,9 +88,28 @@ def make_experience(
     advantages, returns = _rows(out.advantages, kept), _rows(out.returns, kept)
     stats.update(_summary(out.advantages, _mask(kept)))
     if any(t.segments for t in kept):
+        _check_outcome_inputs(estimator, inputs)
         kept, advantages, returns = _with_segments(kept, advantages, returns, estimator)
         stats["segments"] = len(kept) - stats["trajectories_used"]
     return Experience(kept, advantages, returns, estimator, stats)
+
+
+#: Inputs that make an estimator's advantages token-level: a critic's values, per-token
+#: KL or token rewards exist for the last segment's tokens only.
+TOKEN_LEVEL_INPUTS = frozenset({"values", "kl", "token_rewards"})
+
+
+def _check_outcome_inputs(estimator: str, inputs: Mapping[str, Tensor] | None) -> None:
+    """Refuse forked episodes under a token-level estimator, whatever the data: its
+    advantages of earlier segments' tokens were never computed."""
+    token_level = TOKEN_LEVEL_INPUTS & {*estimators.required_inputs(estimator), *(inputs or {})}
+    if token_level:
+        raise ValueError(
+            f"estimator {estimator!r} with {sorted(token_level)} gives token-level "
+            "advantages, but forked episodes (agent harnesses that rewrote their history) "
+            "need one advantage per episode for their earlier segments: use an outcome "
+            "estimator (grpo, rloo, ...) with forked episodes"
+        )
 
 
 def _with_segments(

@@ -15,6 +15,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from loomrl.envs.parsers import ToolCall, ToolCallError, ToolCallParser
+from loomrl.harness.protocol import ChatRequest
 
 Message = dict[str, Any]
 
@@ -33,12 +34,23 @@ def extension(known: Sequence[Message], sent: Sequence[Message]) -> list[Message
 
 def same_message(a: Message, b: Message) -> bool:
     """Equal as the conversation: role, text, tool calls (name and decoded arguments;
-    call ids may be rewritten by a client), the tool call a tool message answers."""
-    if a["role"] != b["role"] or (a.get("content") or "") != (b.get("content") or ""):
+    call ids may be rewritten by a client), the tool call a tool message answers. An
+    assistant message echoed with its tool calls but without its text (``content``
+    None or "", as vLLM's server and LangChain pass them on) is the same message."""
+    if a["role"] != b["role"] or a.get("tool_call_id") != b.get("tool_call_id"):
         return False
-    if a.get("tool_call_id") != b.get("tool_call_id"):
+    calls = _calls(a)
+    if calls != _calls(b):
         return False
-    return _calls(a) == _calls(b)
+    text_a, text_b = a.get("content") or "", b.get("content") or ""
+    return text_a == text_b or bool(calls and a["role"] == "assistant" and not (text_a and text_b))
+
+
+def same_request(a: ChatRequest, b: ChatRequest) -> bool:
+    """Whether ``b`` repeats ``a`` (a client's retry): the same conversation and tools."""
+    if a.tools != b.tools or a.tool_choice != b.tool_choice or len(a.messages) != len(b.messages):
+        return False
+    return all(same_message(x, y) for x, y in zip(a.messages, b.messages, strict=True))
 
 
 def _calls(message: Message) -> list[tuple[str, Any]]:

@@ -264,7 +264,7 @@ class HarnessEnv(Environment):
     @staticmethod
     def _counts(episode: _Episode, counts: dict[str, float]) -> dict[str, float]:
         """This step's counts plus the session's request counts since the last step."""
-        for key in ("requests", "bad_requests"):
+        for key in ("requests", "bad_requests", "resends"):
             total = episode.session.counts[key]
             counts[f"harness/{key}"] = total - episode.reported.get(key, 0)
             episode.reported[key] = total

@@ -4,8 +4,9 @@ Either is started once per episode and told where the model is: a function gets 
 ``HarnessRun`` (``run.client()`` is an ``openai.AsyncOpenAI`` bound to its session); a
 command gets ``OPENAI_BASE_URL``, ``OPENAI_API_KEY`` and ``OPENAI_MODEL`` in its
 environment, as OpenAI SDKs read them, and its example as JSON on stdin (and in
-``LOOMRL_EXAMPLE``). A command runs in its own process group, so killing it (a timeout,
-an episode that ends first) kills everything it started.
+``LOOMRL_EXAMPLE``). A command runs in its own process group and with a marker in its
+environment (``MARKER``), so killing it (a timeout, an episode that ends first) kills
+everything it started, also what left the group.
 """
 
 from __future__ import annotations
@@ -18,6 +19,8 @@ import signal
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
+
+import psutil
 
 TAIL_CHARS = 4000
 """How much of a command's stdout and stderr is kept (the end of each)."""
@@ -69,6 +72,7 @@ class Program:
     def __init__(self, done: asyncio.Task[Any], process: asyncio.subprocess.Process | None) -> None:
         self.done = done
         self.process = process
+        self.key: str | None = None  # a command's marker value (MARKER in its environment)
 
     @classmethod
     def start_function(cls, function: HarnessFunction, run: HarnessRun) -> Program:
@@ -78,6 +82,7 @@ class Program:
     async def start_command(cls, command: Sequence[str], run: HarnessRun) -> Program:
         env = {
             **os.environ,
+            MARKER: run.api_key,  # finds what it started, even what left its group
             "OPENAI_BASE_URL": run.base_url,
             "OPENAI_API_KEY": run.api_key,
             "OPENAI_MODEL": run.model,
@@ -91,8 +96,10 @@ class Program:
             env=env,
             start_new_session=True,
         )
-        done = asyncio.ensure_future(_wait(process, json.dumps(run.example).encode()))
-        return cls(done, process)
+        done = asyncio.ensure_future(_wait(process, json.dumps(run.example).encode(), run.api_key))
+        program = cls(done, process)
+        program.key = run.api_key
+        return program
 
     def kill(self) -> None:
         """Stop the program now (sync): cancel the function, kill the command's group
@@ -100,12 +107,24 @@ class Program:
         if not self.done.done():
             self.done.cancel()
         if self.process is not None:
-            _kill_group(self.process.pid)
+            _kill_all(self.process.pid, self.key)
 
 
-def _kill_group(pid: int) -> None:
+MARKER = "LOOMRL_HARNESS_SESSION"
+"""Set in a command's environment (to its session key): its descendants inherit it, so
+the ones that left its process group (``setsid``, a daemon's double fork) are found too."""
+
+
+def _kill_all(pid: int, key: str | None) -> None:
+    """Kill the command's process group and every process carrying its marker."""
     with contextlib.suppress(ProcessLookupError, PermissionError):
         os.killpg(pid, signal.SIGKILL)
+    if key is None:
+        return
+    for process in psutil.process_iter():
+        with contextlib.suppress(psutil.Error):
+            if process.environ().get(MARKER) == key:
+                process.kill()
 
 
 EXIT_POLL_S = 0.02
@@ -114,7 +133,7 @@ PIPE_GRACE_S = 1.0
 """How long output is still read once a command's group is gone."""
 
 
-async def _wait(process: asyncio.subprocess.Process, stdin: bytes) -> ProgramExit:
+async def _wait(process: asyncio.subprocess.Process, stdin: bytes, key: str) -> ProgramExit:
     """The command's exit. Its end is its own exit, not its pipes' end: a child it left
     running may hold them open (and ``Process.wait`` waits for them too), so the exit is
     polled, and then the rest of its process group is killed."""
@@ -131,12 +150,19 @@ async def _wait(process: asyncio.subprocess.Process, stdin: bytes) -> ProgramExi
             pass  # a program that does not read its example
         while process.returncode is None:
             await asyncio.sleep(EXIT_POLL_S)
-        _kill_group(process.pid)
+        _kill_all(process.pid, key)
         with contextlib.suppress(TimeoutError):
             await asyncio.wait_for(asyncio.shield(reading), PIPE_GRACE_S)
     finally:
         reading.cancel()
+        reading.add_done_callback(_consume)
     return ProgramExit(process.returncode, out.text(), err.text())
+
+
+def _consume(future: asyncio.Future[Any]) -> None:
+    """Retrieve a finished future's outcome, so a cancelled read is not logged."""
+    if not future.cancelled():
+        future.exception()
 
 
 class _Tail:

@@ -155,4 +155,7 @@ async def _json(request: web.BaseRequest) -> Any:
 
 
 def _error(exc: RequestError) -> web.Response:
-    return _web().json_response(exc.body(), status=exc.status)
+    # Every refusal here is deterministic: tell OpenAI SDKs not to retry it (they retry
+    # 409s by default, which would only be refused again).
+    headers = {"x-should-retry": "false"}
+    return _web().json_response(exc.body(), status=exc.status, headers=headers)

@@ -14,6 +14,7 @@ from collections.abc import Awaitable
 from dataclasses import dataclass
 from typing import Any
 
+from loomrl.harness.conversation import same_request
 from loomrl.harness.protocol import Answer, ChatRequest, RequestError
 
 Message = dict[str, Any]
@@ -39,13 +40,24 @@ class Session:
         self.counts: Counter[str] = Counter()
         self.closed: str | None = None  # why, once closed
         self._inbox: asyncio.Queue[Pending] = asyncio.Queue()
-        self._current: Pending | None = None
+        self._current: Pending | None = None  # taken by the episode, not yet answered
+        self._open: Pending | None = None  # submitted, not yet answered
+        self._last: Pending | None = None  # the last one answered
 
     def submit(self, request: ChatRequest) -> asyncio.Future[Answer | RequestError]:
-        """Queue ``request``; the future gets its answer (or the error to send)."""
+        """Queue ``request``; the future gets its answer (or the error to send).
+
+        A request that repeats the open one, or the last one answered, is a client's
+        retry (a timeout, a lost connection): it gets that request's answer rather than
+        a new turn, so an SDK's automatic retries never sample turns the agent never
+        sees (counted as ``resends``)."""
         if self.closed is not None:
             raise ended_error(self.closed)
-        if self._current is not None or not self._inbox.empty():
+        for earlier in (self._open, self._last):
+            if earlier is not None and same_request(earlier.request, request):
+                self.counts["resends"] += 1
+                return earlier.reply
+        if self._open is not None:
             raise RequestError(
                 "this session is already waiting for an answer: one request at a time per "
                 "session (each session is one trajectory)",
@@ -53,7 +65,8 @@ class Session:
                 code="concurrent_request",
             )
         future: asyncio.Future[Answer | RequestError] = asyncio.get_running_loop().create_future()
-        self._inbox.put_nowait(Pending(request, future))
+        self._open = Pending(request, future)
+        self._inbox.put_nowait(self._open)
         self.counts["requests"] += 1
         return future
 
@@ -80,6 +93,8 @@ class Session:
         pending, self._current = self._current, None
         if pending is not None and not pending.reply.done():
             pending.reply.set_result(answer)
+        if pending is not None and pending is self._open:
+            self._open, self._last = None, pending
 
     def close(self, why: str) -> None:
         """End the session: every waiting request gets an ``episode_ended`` error."""
@@ -92,6 +107,7 @@ class Session:
             pending = self._inbox.get_nowait()
             if not pending.reply.done():
                 pending.reply.set_result(error)
+        self._open = None
 
 
 def ended_error(why: str) -> RequestError:

@@ -139,9 +139,10 @@ async def test_a_request_to_an_ended_episode_gets_409(make_engine):
 
 async def test_concurrent_requests_in_one_session_get_409(make_engine):
     responses = []
+    other = {**GOOD, "messages": [{"role": "user", "content": "3+4?"}]}
 
     async def agent(run):
-        responses.extend(await asyncio.gather(post(run, GOOD), post(run, GOOD)))
+        responses.extend(await asyncio.gather(post(run, GOOD), post(run, other)))
         return 1.0
 
     (traj,) = await rollout(make_engine(["5"]), HarnessEnv(agent), [EXAMPLE], on_error="isolate")
@@ -149,6 +150,27 @@ async def test_concurrent_requests_in_one_session_get_409(make_engine):
     assert sorted(r.status_code for r in responses) == [200, 409]
     (refused,) = [r for r in responses if r.status_code == 409]
     assert error_of(refused)["code"] == "concurrent_request"
+    assert refused.headers["x-should-retry"] == "false"  # OpenAI SDKs would retry a 409
+
+
+async def test_a_retried_request_gets_the_same_answer_not_a_new_turn(make_engine):
+    """An SDK retries a request it lost (a timeout) or sends it twice: the repeat shares
+    the open request's answer, or gets the last answer again; no turn is sampled for it."""
+    answers = []
+
+    async def agent(run):
+        twice = await asyncio.gather(post(run, GOOD), post(run, GOOD))  # at once
+        again = await post(run, GOOD)  # after the answer: a retry of a lost response
+        answers.extend(r.json()["choices"][0]["message"] for r in [*twice, again])
+        return 1.0
+
+    engine = make_engine(["5", "6", "7"])
+    (traj,) = await rollout(engine, HarnessEnv(agent), [EXAMPLE], on_error="isolate")
+    assert traj.status == Status.TERMINATED, traj.error
+    assert traj.turns == 1 and not traj.segments
+    assert [a["content"] for a in answers] == ["5", "5", "5"]
+    assert traj.env_metrics["harness/requests"] == 1
+    assert traj.env_metrics["harness/resends"] == 2
 
 
 async def test_max_turns_answers_the_pending_request_and_kills_the_program(make_engine):
@@ -333,3 +355,29 @@ async def test_a_command_that_leaves_a_child_behind_still_ends_and_the_child_is_
     # Both at once, so a failure shows the hang and the leak together.
     assert (traj.status, traj.error, leftover) == (Status.TERMINATED, None, [])
     assert traj.reward == 1.0
+
+
+DAEMON = """
+import json, subprocess, sys
+# A daemon leaves the command's process group (setsid) and is not its child any more.
+child = subprocess.Popen(
+    [sys.executable, "-S", "-c", "import time; time.sleep(60)"], start_new_session=True,
+    stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+)
+with open(sys.argv[1], "w") as f:
+    json.dump([child.pid], f)
+ask()
+print(json.dumps({"reward": 1}))
+"""
+
+
+async def test_a_process_that_left_the_group_is_killed_too(make_engine, tmp_path):
+    script, pids = tmp_path / "agent.py", tmp_path / "pids.json"
+    script.write_text(URLLIB_ASK + DAEMON)
+    env = HarnessEnv(command=[sys.executable, "-S", str(script), str(pids)], timeout=30)
+    (traj,) = await rollout(make_engine(["ok"]), env, [EXAMPLE], on_error="isolate")
+    (daemon,) = json.loads(pids.read_text())
+    gone = await no_process(daemon, 2.0)
+    if not gone:
+        psutil.Process(daemon).kill()  # never leave the sleeper running
+    assert (traj.status, traj.reward, gone) == (Status.TERMINATED, 1.0, True)

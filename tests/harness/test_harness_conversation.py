@@ -166,3 +166,32 @@ def test_without_tools_offered_a_reply_has_no_tool_calls():
     assert message == {"role": "assistant", "content": CALL_TEXT} and bad == 0
     plain, bad = answer_message("The answer is 5.", HERMES, TOOLS, ids())
     assert plain == {"role": "assistant", "content": "The answer is 5."} and bad == 0
+
+
+ADD_A2 = {"name": "add", "arguments": '{"a": 2}'}
+
+
+def test_an_echo_without_the_text_of_a_tool_call_turn_is_the_same_message():
+    """vLLM's server passes content None with tool calls, LangChain "": still the turn."""
+    ours = {
+        "role": "assistant",
+        "content": 'Let me add.\n<tool_call>\n{"name": "add", "arguments": {"a": 2}}\n</tool_call>',
+        "tool_calls": [
+            {
+                "id": "call_1",
+                "type": "function",
+                "function": {"name": "add", "arguments": '{"a": 2}'},
+            }
+        ],
+    }
+    for content in (None, ""):
+        echo = {**ours, "content": content, "tool_calls": [dict(ours["tool_calls"][0], id="x")]}
+        assert same_message(echo, ours)
+    other_call = {**ours, "content": None, "tool_calls": [
+        {"id": "c", "type": "function", "function": {"name": "add", "arguments": '{"a": 3}'}}
+    ]}  # fmt: skip
+    assert not same_message(other_call, ours)
+    plain = {"role": "assistant", "content": "Five."}
+    assert not same_message(
+        {"role": "assistant", "content": ""}, plain
+    )  # no calls: the text counts

@@ -157,3 +157,11 @@ def test_policy_version_is_the_oldest_over_segments():
     traj.spans, traj.span_versions, traj.finish_reasons = [(0, 1)], [7], ["stop"]
     assert traj.policy_version == 5 and traj.segments[0].turns == 1
     assert torch.tensor([traj.policy_version]).item() == 5
+
+
+async def test_a_critic_estimator_is_refused_for_forked_episodes_whatever_its_values(make_engine):
+    results = await forked(make_engine, n=1)
+    width = max(len(t.completion_ids) for t in results)
+    zeros = torch.zeros((len(results), width))  # values that would give constant advantages
+    with pytest.raises(ValueError, match=r"'gae' with \['values'\] gives token-level"):
+        make_experience(results, "gae", inputs={"values": zeros})
