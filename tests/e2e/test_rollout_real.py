@@ -48,7 +48,11 @@ def assert_token_contract(chat: ChatTokenizer, row: dict) -> None:
 
 # Three guesses are enough to see several turns and glue on every trajectory; six made this
 # the slowest test on a CPU without AVX-512 (about 10 generated tokens/s for 12 sequences).
-ENV_ARGS = {"guess_number": {"max_turns": 3}}
+ENV_ARGS = {
+    "guess_number": {"max_turns": 3},
+    # an OpenAI-client agent program (tests/harness_agents.py) of two requests
+    "harness": {"program": "harness_agents:two_requests", "examples": "harness_agents:examples"},
+}
 
 
 # Plain names only: a family (``prefix:NAME``), qa (over data) and python_tool (which needs
