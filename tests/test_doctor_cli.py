@@ -34,6 +34,7 @@ def test_run_checks_returns_one_row_per_component(home):
         "sandbox",
         "model smollm2-135m-instruct",
         "model tiny-random",
+        "model smolvlm-tiny",
     ]
     assert all(row.detail for row in rows)
     assert all(row.fix for row in rows if not row.ok)  # every problem says what to do
@@ -99,7 +100,7 @@ def test_one_broken_component_does_not_hide_the_others(home, monkeypatch):
     rows = {row.name: row for row in run_checks()}
     assert not rows["torch"].ok
     assert not rows["KV cache"].ok
-    assert len(rows) == 7
+    assert len(rows) == 8
 
 
 # -- parser --------------------------------------------------------------------------------

@@ -312,7 +312,13 @@ def _on_cpu() -> bool:
 
 
 def _config_max_len(model_path: Path) -> int:
+    """``max_position_embeddings`` where vLLM reads it: in ``text_config`` when the config
+    has one (a vision-language model such as Idefics3 keeps it only there), else at the
+    top level; 4096 when neither has it."""
     import json
 
     config = json.loads((model_path / "config.json").read_text())
+    text = config.get("text_config")
+    if isinstance(text, dict) and text.get("max_position_embeddings"):
+        return int(text["max_position_embeddings"])
     return int(config.get("max_position_embeddings") or 4096)

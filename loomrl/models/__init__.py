@@ -1,14 +1,17 @@
 """Model specs to local HF-format directories; nothing is ever downloaded.
 
 Specs: ``smollm2-135m-instruct`` (the default), ``tiny-random`` or ``tiny-random:SEED``,
-or the path of a local HF model directory.
+``smolvlm-tiny`` (a vision-language model with a random vision tower), or the path of a
+local HF model directory. The named ones are built from the default model on first use
+and cached. ``is_vision`` tells a vision-language model's directory from a text-only one's.
 """
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
-from loomrl.models import smollm2, tiny_random
+from loomrl.models import smollm2, smolvlm_tiny, tiny_random
 from loomrl.models.store import (
     MARKER,
     broken_parts,
@@ -19,10 +22,11 @@ from loomrl.models.store import (
 )
 
 DEFAULT_MODEL = "smollm2-135m-instruct"
-NAMED = ("smollm2-135m-instruct", "tiny-random")
+NAMED = ("smollm2-135m-instruct", "tiny-random", "smolvlm-tiny")
 
 __all__ = [
-    "DEFAULT_MODEL", "NAMED", "ModelError", "check_spec", "loomrl_home", "models_dir", "resolve",
+    "DEFAULT_MODEL", "NAMED", "ModelError", "check_spec", "is_vision", "loomrl_home", "models_dir",
+    "resolve",
 ]  # fmt: skip
 
 
@@ -42,6 +46,10 @@ def check_spec(spec: str) -> None:
         if not is_prepared(f"tiny-random-seed{_seed(spec)}"):
             check_spec(DEFAULT_MODEL)  # it borrows the default model's tokenizer
         return
+    if spec == "smolvlm-tiny":
+        if not is_prepared(spec):
+            check_spec(DEFAULT_MODEL)  # its text model is the default model
+        return
     _local_dir(spec)
 
 
@@ -57,7 +65,28 @@ def resolve(spec: str) -> Path:
             lambda out: tiny_random.build(out, tokenizer_dir, seed),
             {"source": "random", "seed": seed},
         )
+    if spec == "smolvlm-tiny":
+        text_dir = resolve(DEFAULT_MODEL)
+        return build_atomically(
+            spec,
+            lambda out: smolvlm_tiny.build(out, text_dir, seed=0),
+            {"source": f"{DEFAULT_MODEL} + random vision tower", "seed": 0},
+        )
     return _local_dir(spec)
+
+
+def is_vision(path: str | Path) -> bool:
+    """Whether the model directory ``path`` holds a vision-language model: its
+    ``config.json`` has a ``vision_config`` or a model type transformers maps to
+    image-text-to-text. Images are for these models only."""
+    config = json.loads((Path(path) / "config.json").read_text())
+    if not isinstance(config, dict):
+        return False
+    if isinstance(config.get("vision_config"), dict):
+        return True
+    from transformers.models.auto.modeling_auto import MODEL_FOR_IMAGE_TEXT_TO_TEXT_MAPPING_NAMES
+
+    return config.get("model_type") in MODEL_FOR_IMAGE_TEXT_TO_TEXT_MAPPING_NAMES
 
 
 def _local_dir(spec: str) -> Path:
