@@ -67,11 +67,14 @@ class TemplateWarning(UserWarning):
     """A chat template that works only if the engine is set up for it (e.g. its stops)."""
 
 
-def _check_text(messages: Sequence[Mapping[str, Any]]) -> None:
-    """Refuse content that is not text: a template would render a list of parts (an image,
-    say) as its Python repr, and the model would be trained on that text."""
+def _check_text(messages: Sequence[Mapping[str, Any]], *, images: bool = False) -> None:
+    """Refuse content that is not text (or, with ``images``, text and image parts): a
+    template would render anything else as its Python repr, and the model would be
+    trained on that text."""
     for i, message in enumerate(messages, 1):
         content = message.get("content")
+        if images and type(content) is list and all(_text_or_image(p) for p in content):
+            continue
         if content is not None and type(content) is not str:
             kinds = sorted(
                 {str(p.get("type")) for p in content if isinstance(p, Mapping)}
@@ -83,6 +86,13 @@ def _check_text(messages: Sequence[Mapping[str, Any]]) -> None:
                 "content, not text: this token layer renders text messages only (images "
                 "need a vision-language model's processor)"
             )
+
+
+def _text_or_image(part: Any) -> bool:
+    if not isinstance(part, Mapping):
+        return False
+    kind = part.get("type")
+    return (kind == "text" and type(part.get("text")) is str) or kind in ("image", "image_url")
 
 
 def _key(messages: Sequence[Mapping[str, Any]], tools: Sequence[Any] | None) -> Hashable:
@@ -105,6 +115,8 @@ class ChatTokenizer:
         cache_size: int = 4096,
         chat_template: str | None = None,
         template_kwargs: Mapping[str, Any] | None = None,
+        image_token_id: int | None = None,
+        image_block: Sequence[int] = (),
     ) -> None:
         template = chat_template if chat_template is not None else tokenizer.chat_template
         if isinstance(template, Mapping):  # HF allows named templates; "default" is the chat one
@@ -114,6 +126,12 @@ class ChatTokenizer:
                 "the tokenizer has no chat template; pass chat_template=... (a Jinja string)"
             )
         self.tokenizer = tokenizer
+        #: Vision-language models: the placeholder a template renders per image part and
+        #: the ids the model sees for it (``loomrl.vision.tokens``); None: text only.
+        self.image_token_id = image_token_id
+        self.image_block: tuple[int, ...] = tuple(image_block)
+        if (image_token_id is None) != (not self.image_block):
+            raise ValueError("image_token_id and image_block go together")
         self._decode = fast_decoder(tokenizer, skip_special_tokens=False)
         self._encode = fast_encoder(tokenizer)
         self.chat_template: str = template
@@ -153,10 +171,10 @@ class ChatTokenizer:
         self, messages: Sequence[Mapping[str, Any]], tools: Sequence[Any] | None = None
     ) -> list[int]:
         """Ids of ``messages`` rendered with the generation prompt open (LRU-cached)."""
+        messages = self._placeholders(messages)
         key = _key(messages, tools)
         ids = self._prompts.get(key)
         if ids is None:
-            _check_text(messages)
             ids = tuple(self.encode(self.render(messages, tools, add_generation_prompt=True)))
             self._prompts.put(key, ids)
         return list(ids)
@@ -178,10 +196,10 @@ class ChatTokenizer:
         generation prompt, without its first ids when they are the ``turn_end`` the model
         emitted itself (see the module docstring). Every glue token is mask 0. LRU-cached.
         """
+        env_messages = self._placeholders(env_messages)
         key = _key(env_messages, tools)
         ids = self._glues.get(key)
         if ids is None:
-            _check_text(env_messages)
             ids = self._derive_glue(env_messages, tools)
             self._glues.put(key, ids)
         end = self.end_of_turn_ids if ended_with_eot else tuple(turn_end)
@@ -211,7 +229,9 @@ class ChatTokenizer:
         *,
         add_generation_prompt: bool,
     ) -> str:
-        """The template's text for ``messages`` (uncached)."""
+        """The template's text for ``messages`` (uncached); image parts render as the
+        template's placeholder (a text-only tokenizer refuses them)."""
+        messages = self._placeholders(messages)
         try:
             return self.tokenizer.apply_chat_template(
                 list(messages),
@@ -226,8 +246,33 @@ class ChatTokenizer:
             raise TemplateError(f"the chat template failed to render roles {roles}: {exc}") from exc
 
     def encode(self, text: str) -> list[int]:
-        """Token ids of template text; special tokens come from the text, none are added."""
-        return self._encode(text)
+        """Token ids of template text; special tokens come from the text, none are added.
+        For a vision-language model each image placeholder becomes the ids the model sees
+        for an image (``image_block``), as its processor expands it."""
+        ids = self._encode(text)
+        if self.image_token_id is None or self.image_token_id not in ids:
+            return ids
+        out: list[int] = []
+        for token in ids:
+            if token == self.image_token_id:
+                out += self.image_block
+            else:
+                out.append(token)
+        return out
+
+    @property
+    def takes_images(self) -> bool:
+        return self.image_token_id is not None
+
+    def _placeholders(self, messages: Sequence[Mapping[str, Any]]) -> Sequence[Mapping[str, Any]]:
+        """``messages`` with image parts reduced to placeholders (what the template renders
+        and a cache key holds); content that is not text is refused without a vision model."""
+        if not any(type(m.get("content")) is not str for m in messages):
+            return messages
+        _check_text(messages, images=self.takes_images)
+        from loomrl.vision.images import without_pixels
+
+        return without_pixels(messages)
 
     def decode(self, ids: Sequence[int]) -> str:
         """Text of ``ids`` with special tokens kept, so markers stay visible."""
