@@ -48,6 +48,7 @@ from loomrl.rollout.turn_rewards import counting_turns
 from loomrl.rundir import BUFFER, RunDirError, check_new_run, check_run, clear_run, open_buffer
 from loomrl.runs import toml_ready, write_trajectories
 from loomrl.types import SamplingParams, Trajectory
+from loomrl.vision.images import content_text
 
 EngineMaker = Callable[[RolloutConfig], Engine]
 ENDED = (GroupStatus.COMPLETED, GroupStatus.FILTERED, GroupStatus.FAILED, GroupStatus.CONSUMED)
@@ -290,11 +291,8 @@ def sample_panel(traj: Trajectory) -> Panel:
     """One trajectory's conversation as the model saw it, for a quick look at the model."""
     body = Text()
     for message in traj.messages:
-        content = (
-            message["content"]
-            if len(message["content"]) <= 400
-            else message["content"][:400] + "..."
-        )
+        text = content_text(message["content"])
+        content = text if len(text) <= 400 else text[:400] + "..."
         style = "bold green" if message["role"] == "assistant" else "bold"
         body.append(f"{message['role']}: ", style=style)
         body.append(content + "\n")

@@ -66,7 +66,12 @@ TRAJECTORY_SCHEMA = pa.schema(
         ("env_metrics", pa.string()),
         ("segments", pa.list_(SEGMENT_TYPE)),
         ("span_temperatures", pa.list_(pa.float64())),
+        ("images", pa.list_(pa.string())),
     ]
+)
+#: ``images.parquet`` beside a run's trajectories: each image once, by its hash.
+IMAGE_SCHEMA = pa.schema(
+    [("hash", pa.string()), ("png", pa.binary()), ("width", pa.int32()), ("height", pa.int32())]
 )
 
 
@@ -84,7 +89,7 @@ def trajectory_table(trajs: Sequence[Trajectory]) -> pa.Table:
         "reward_components": [json.dumps(t.reward_components) for t in trajs],
         "turns": [t.turns for t in trajs],
         "status": [str(t.status) for t in trajs],
-        "messages": [json.dumps(t.messages, ensure_ascii=False) for t in trajs],
+        "messages": [_messages_json(t.messages) for t in trajs],
         "policy_version": [t.policy_version for t in trajs],
         "num_prompt_tokens": [t.num_prompt_tokens for t in trajs],
         "num_completion_tokens": [t.num_completion_tokens for t in trajs],
@@ -98,6 +103,7 @@ def trajectory_table(trajs: Sequence[Trajectory]) -> pa.Table:
         "env_metrics": [json.dumps(t.env_metrics) for t in trajs],
         "segments": [[_segment_row(s) for s in t.segments] for t in trajs],
         "span_temperatures": [t.span_temperatures for t in trajs],
+        "images": [t.images for t in trajs],
     }
     return pa.Table.from_pydict(columns, schema=TRAJECTORY_SCHEMA)
 
@@ -106,7 +112,7 @@ def _segment_row(segment: Trajectory) -> dict[str, Any]:
     return {
         "prompt_ids": segment.prompt_ids, "completion_ids": segment.completion_ids,
         "logprobs": segment.logprobs, "loss_mask": segment.loss_mask,
-        "messages": json.dumps(segment.messages, ensure_ascii=False), "turns": segment.turns,
+        "messages": _messages_json(segment.messages), "turns": segment.turns,
         "span_starts": [start for start, _ in segment.spans],
         "span_ends": [end for _, end in segment.spans],
         "span_versions": segment.span_versions, "finish_reasons": segment.finish_reasons,
@@ -115,10 +121,64 @@ def _segment_row(segment: Trajectory) -> dict[str, Any]:
 
 
 def write_trajectories(path: Path, trajs: Sequence[Trajectory]) -> None:
-    """Write atomically: readers never see a half-written file."""
+    """Write atomically: readers never see a half-written file. The images of the
+    messages go once each to ``images.parquet`` beside it (``IMAGE_SCHEMA``)."""
     tmp = path.with_suffix(".parquet.tmp")
     pq.write_table(trajectory_table(trajs), tmp)
     tmp.replace(path)
+    images = _images_of(trajs)
+    if images:
+        side = path.with_name("images.parquet")
+        pq.write_table(pa.Table.from_pylist(images, schema=IMAGE_SCHEMA), side)
+
+
+def _messages_json(messages: list[dict[str, Any]]) -> str:
+    """Messages as JSON; an image in them is written as ``sha256:HASH`` (its pixels are
+    in ``images.parquet``)."""
+    if any(type(m.get("content")) is list for m in messages):
+        from loomrl.vision.images import with_image_refs
+
+        messages = with_image_refs(messages)
+    return json.dumps(messages, ensure_ascii=False)
+
+
+def _without_refs(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Messages without image parts that only name an image by hash (nothing to store)."""
+    from loomrl.vision.images import image_value
+
+    def named(part: Any) -> bool:
+        value = image_value(part)
+        return isinstance(value, str) and value.startswith("sha256:")
+
+    return [
+        {**m, "content": [p for p in m["content"] if not named(p)]}
+        if type(m.get("content")) is list
+        else m
+        for m in messages
+    ]
+
+
+def _images_of(trajs: Sequence[Trajectory]) -> list[dict[str, Any]]:
+    """Every image in the trajectories' messages once: hash, PNG bytes, size."""
+    if not any(t.images for t in trajs):
+        return []
+    import io
+
+    from loomrl.vision.images import image_hash, load_message_images
+
+    seen: dict[str, dict[str, Any]] = {}  # (images already stored as references are skipped)
+    for traj in trajs:
+        for segment in traj.all_segments():
+            for image in load_message_images(_without_refs(segment.messages)):
+                key = image_hash(image)
+                if key not in seen:
+                    data = io.BytesIO()
+                    image.save(data, format="PNG")
+                    seen[key] = {
+                        "hash": key, "png": data.getvalue(),
+                        "width": image.width, "height": image.height,
+                    }  # fmt: skip
+    return list(seen.values())
 
 
 JSON_COLUMNS = {
@@ -129,7 +189,7 @@ JSON_COLUMNS = {
 # Columns added after files were first written, and what an older file's rows get.
 LATER_COLUMNS: dict[str, Any] = {
     "turn_rewards": list, "env_metrics": lambda: "{}", "segments": list,
-    "span_temperatures": list,
+    "span_temperatures": list, "images": list,
 }  # fmt: skip
 # Columns every row has a value in (``error`` is null but for failed rows; ``reward`` is
 # checked by status; the list columns by ``_row_problem``).
@@ -183,7 +243,7 @@ def load_trajectories(path: Path | str) -> list[Trajectory]:
                 logprobs=row["logprobs"], loss_mask=row["loss_mask"],
                 messages=row["messages"], spans=spans,
                 span_versions=versions, finish_reasons=row.get("finish_reasons") or [],
-                span_temperatures=row["span_temperatures"] or [],
+                span_temperatures=row["span_temperatures"] or [], images=row["images"] or [],
                 turns=row["turns"],
                 status=Status(row["status"]), reward=row["reward"],
                 reward_components=row["reward_components"], error=row["error"],

@@ -156,6 +156,9 @@ class Trajectory:
     #: Earlier segments of a forked episode, oldest first (see ``fork``); the fields
     #: above hold the last one. Each is a closed, token-exact sequence of its own.
     segments: list[Trajectory] = field(default_factory=list)
+    #: The images of a vision-language episode, by pixel hash (``loomrl.vision``), in the
+    #: order of their blocks in ``prompt_ids + completion_ids``.
+    images: list[str] = field(default_factory=list)
 
     @property
     def policy_version(self) -> int:
@@ -180,13 +183,13 @@ class Trajectory:
             loss_mask=self.loss_mask, messages=self.messages, spans=self.spans,
             span_versions=self.span_versions, finish_reasons=self.finish_reasons,
             span_temperatures=self.span_temperatures, turns=len(_turn_starts(self)),
-            status=Status.TERMINATED,
+            status=Status.TERMINATED, images=self.images,
         )  # fmt: skip
         self.segments.append(closed)
         self.prompt_ids, self.messages = prompt_ids, messages
         self.completion_ids, self.logprobs, self.loss_mask = [], [], []
         self.spans, self.span_versions, self.finish_reasons = [], [], []
-        self.span_temperatures = []
+        self.span_temperatures, self.images = [], []
 
     def all_segments(self) -> list[Trajectory]:
         """Every token sequence of the episode, oldest first (just ``[self]`` unforked)."""

@@ -47,6 +47,7 @@ DOCUMENTED_COLUMNS = [
         "span_temperatures: list<item: double>>>",
     ),
     ("span_temperatures", "list<item: double>"),
+    ("images", "list<item: string>"),
 ]
 
 

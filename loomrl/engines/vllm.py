@@ -23,8 +23,9 @@ import psutil
 
 from loomrl.engines.base import check_prompt, tokens_left
 from loomrl.hardware import cpu_has_native_bf16
-from loomrl.models import resolve
+from loomrl.models import is_vision, resolve
 from loomrl.types import Completion, SamplingParams
+from loomrl.vision.tokens import fold_blocks
 
 if TYPE_CHECKING:
     import torch
@@ -52,6 +53,7 @@ class VLLMEngine:
         kv_cache_gib: int | None = None,
         logprobs_mode: str = "processed_logprobs",
         policy_version: int = 0,
+        max_images: int = 8,
         **engine_args: Any,
     ) -> None:
         self.model_path: Path = resolve(model)
@@ -75,6 +77,9 @@ class VLLMEngine:
             if not engine_args["enable_chunked_prefill"]:
                 engine_args.setdefault("max_num_batched_tokens", max(context, 2048))
         engine_args.setdefault("dtype", serving_dtype(self.model_path))
+        self.vision = is_vision(self.model_path)
+        if self.vision:  # images per prompt: vLLM refuses more, naming the limit
+            engine_args.setdefault("limit_mm_per_prompt", {"image": max_images})
         engine_args.setdefault("worker_extension_cls", WEIGHT_LOADER)
         args = AsyncEngineArgs(
             model=str(self.model_path),
@@ -87,6 +92,7 @@ class VLLMEngine:
         )
         before = {p.pid for p in psutil.Process().children(recursive=True)}
         self._llm = AsyncLLM.from_engine_args(args)
+        self._image: tuple[int, tuple[int, ...]] | None = None  # placeholder id, its block
         self._children = [
             p for p in psutil.Process().children(recursive=True) if p.pid not in before
         ]
@@ -120,13 +126,46 @@ class VLLMEngine:
             self._tokenizer = AutoTokenizer.from_pretrained(self.model_path)
         return self._tokenizer
 
+    def _with_images(self, prompt_ids: Sequence[int], images: Sequence[Any]) -> Any:
+        """The vLLM prompt for ids with expanded image blocks and their images."""
+        from vllm.inputs import TokensPrompt
+
+        if not self.vision:
+            raise ValueError(
+                f"model {self.model_spec!r} has no vision tower: it cannot take images "
+                "(use a vision-language model, e.g. smolvlm-tiny)"
+            )
+        if self._image is None:
+            from transformers import AutoProcessor
+
+            from loomrl.vision.tokens import image_block
+
+            self._image = image_block(AutoProcessor.from_pretrained(self.model_path))
+        token, block = self._image
+        folded = fold_blocks(prompt_ids, token, block)
+        if folded.count(token) != len(images):
+            raise ValueError(
+                f"the prompt holds {folded.count(token)} image blocks for {len(images)} "
+                "images: every image needs its placeholder, and only images have one"
+            )
+        data = {"image": list(images)}
+        return TokensPrompt(prompt_token_ids=folded, multi_modal_data=data)  # type: ignore[typeddict-item]
+
     @property
     def in_flight(self) -> int:
         return len(self._in_flight)
 
     async def generate(
-        self, prompt_ids: Sequence[int], params: SamplingParams, request_id: str | None = None
+        self,
+        prompt_ids: Sequence[int],
+        params: SamplingParams,
+        request_id: str | None = None,
+        *,
+        images: Sequence[Any] | None = None,
     ) -> Completion:
+        """``images`` (PIL images, in the order of their blocks in ``prompt_ids``) for a
+        vision-language model: the ids hold each image's expanded block (as the processor
+        and ``loomrl.vision.tokens`` make them); vLLM gets one placeholder per image."""
         if self._closed:
             raise RuntimeError("VLLMEngine is closed")
         check_prompt(prompt_ids, self._vocab_size, self._max_model_len)
@@ -139,6 +178,8 @@ class VLLMEngine:
         # come from the version it started under, even if its last output arrives late.
         version = self._policy_version
         prompt = TokensPrompt(prompt_token_ids=list(prompt_ids))
+        if images:
+            prompt = self._with_images(prompt_ids, images)
         sampling = self._vllm_params(params, len(prompt_ids))
         self._in_flight.add(request_id)
         final = None

@@ -35,6 +35,7 @@ from loomrl.envs.calculator import CalculatorEnv
 from loomrl.envs.guess_number import GuessNumberEnv
 from loomrl.envs.python_tool import PythonToolEnv
 from loomrl.envs.qa import QAEnv
+from loomrl.envs.shapes import ShapesEnv
 from loomrl.harness import verifiers as vf_adapter
 from loomrl.harness.env import HarnessEnv
 from loomrl.redact import redact_text, redact_value
@@ -274,6 +275,11 @@ register(
     "python_tool",
     PythonToolEnv,
     "word problems with a python() tool in a per-episode sandboxed interpreter",
+)
+register(
+    "shapes",
+    ShapesEnv,
+    "count and colour simple shapes in drawn images (needs a vision model)",
 )
 register(
     "qa",

@@ -12,9 +12,6 @@ Messages use the transformers multimodal format: a user message's content is
 (deterministic in the example and the turn); a right answer ends the episode. Reward
 components: ``correct`` (1 or 0, the last reply against the question it answered) and
 ``format`` (``format_weight`` when that reply has an ``Answer: X`` line).
-
-Not registered by name yet: the rollout's token layer refuses image content until the
-vision-language path (processor-built prompts, images to the engine) is in.
 """
 
 from __future__ import annotations

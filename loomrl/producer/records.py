@@ -68,7 +68,7 @@ def traj_to_row(traj: Trajectory) -> tuple[str, bytes]:
     data["reward_components"] = {k: _float_out(v) for k, v in traj.reward_components.items()}
     data["timings"] = {k: _float_out(v) for k, v in traj.timings.items()}
     data["env_metrics"] = {k: _float_out(v) for k, v in traj.env_metrics.items()}
-    text = json.dumps(data, separators=(",", ":"), allow_nan=False)
+    text = json.dumps(data, separators=(",", ":"), allow_nan=False, default=_image_out)
     prompt, completion = _packed(_INT32, traj.prompt_ids), _packed(_INT32, traj.completion_ids)
     logprobs, mask = _packed("d", traj.logprobs), bytes(traj.loss_mask)
     lengths = (len(traj.prompt_ids), len(traj.completion_ids), len(traj.logprobs), len(mask))
@@ -94,6 +94,17 @@ def traj_from_row(text: str, tokens: bytes) -> Trajectory:
     if missing:
         raise ValueError(f"trajectory fields {missing} are missing")
     return Trajectory(**values)
+
+
+def _image_out(value: Any) -> str:
+    """An image in the messages, as a PNG data URL (read back by ``loomrl.vision``)."""
+    from PIL import Image
+
+    if isinstance(value, Image.Image):
+        from loomrl.vision.images import data_url
+
+        return data_url(value)
+    raise TypeError(f"Object of type {type(value).__name__} is not JSON serializable")
 
 
 def _segment_out(segment: Trajectory) -> dict[str, str]:
@@ -272,6 +283,6 @@ _READERS: dict[str, Callable[[Any], Any]] = {
     "status": _status, "reward": _float,
     "reward_components": _float_map, "turn_rewards": _list(_optional(_float)),
     "error": _optional(_str), "timings": _float_map, "env_metrics": _float_map,
-    "segments": _segments,
+    "segments": _segments, "images": _list(_str),
 }  # fmt: skip
 _REQUIRED = {"example_id", "group_id", "sample_index", "env"}

@@ -199,7 +199,13 @@ def open_context(
         tokenizer = getattr(engine, "tokenizer", None)
         if tokenizer is None:
             raise ValueError("the engine has no tokenizer; pass chat=ChatTokenizer(tokenizer)")
-        chat = ChatTokenizer(tokenizer)
+        model_path = getattr(engine, "model_path", None)
+        if getattr(engine, "vision", False) and model_path is not None:
+            from loomrl.vision.tokens import vision_chat  # images: the processor's ids
+
+            chat = vision_chat(model_path)
+        else:
+            chat = ChatTokenizer(tokenizer)
     limit = engine.max_model_len if max_len is None else min(max_len, engine.max_model_len)
     return RolloutContext(
         engine=engine,

@@ -103,6 +103,7 @@ async def _play(
         state, stop = resume.state, resume.stop
     ids, logprobs, mask = traj.completion_ids, traj.logprobs, traj.loss_mask
     encoded = len(state.messages)
+    images = _images(traj, state.messages[:encoded]) if chat.takes_images else []
     for turn in range(traj.turns + 1, ctx.max_turns + 1):
         turn_start = _open_turn_start(traj)
         out = None
@@ -125,6 +126,7 @@ async def _play(
                 made,
                 key=f"{traj.group_id}.{traj.sample_index}",
                 hot=hot,
+                images=images,
             )
             clock["generate_s"] = clock.get("generate_s", 0.0) + time.perf_counter() - t0
             gate = ctx.gate
@@ -190,6 +192,8 @@ async def _play(
                 break
             ids, logprobs, mask = traj.completion_ids, traj.logprobs, traj.loss_mask
             encoded, stop = len(state.messages), step.stop
+            if chat.takes_images:
+                images = _images(traj, state.messages)
             if ctx.checkpoint is not None:
                 ctx.checkpoint(traj, state, stop)
             continue
@@ -199,6 +203,8 @@ async def _play(
             traj.status = Status.TRUNCATED  # no glue past the budget: nothing could follow it
             break
         replies, glue = fitted
+        if chat.takes_images:
+            images = images + _images(traj, replies, more=True)
         state.messages.extend(replies)
         ids += glue
         logprobs += [0.0] * len(glue)
@@ -304,6 +310,18 @@ def _seed(ctx: RolloutContext, traj: Trajectory, turn: int, made: int) -> int | 
     return hash((*key, made) if made else key) & 0x7FFFFFFF  # ints: stable
 
 
+def _images(traj: Trajectory, messages: Sequence[dict[str, Any]], more: bool = False) -> list[Any]:
+    """The images of ``messages``, loaded (a malformed one raises ``ImageError`` naming
+    it), and their hashes recorded in ``traj.images`` (after the earlier ones when
+    ``more``, else replacing them: a new prompt or segment)."""
+    from loomrl.vision.images import image_hash, load_message_images
+
+    loaded = load_message_images(messages)
+    hashes = [image_hash(image) for image in loaded]
+    traj.images = traj.images + hashes if more else hashes
+    return loaded
+
+
 def _hot_tokens(params: SamplingParams, turn: int, made: int) -> int:
     """How many of this turn's next tokens FIRE samples hot (0: none, or FIRE is off)."""
     if params.first_token_temperature is None or (params.fire_turns == "first" and turn > 1):
@@ -332,6 +350,7 @@ async def _generate(
     made: int = 0,
     key: str | None = None,
     hot: int = 0,
+    images: Sequence[Any] = (),
 ) -> Completion:
     """One request; ``made`` tokens of this turn already exist (a continued turn), so the
     turn's ``max_tokens`` and ``min_tokens`` count them; ``hot`` > 0 asks for at most that
@@ -354,6 +373,8 @@ async def _generate(
     request_id = ctx.request_id(key)
     ctx.in_flight.add(request_id)
     try:
+        if images:  # only then: engines without vision take no such argument
+            return await ctx.engine.generate(prompt, params, request_id=request_id, images=images)
         return await ctx.engine.generate(prompt, params, request_id=request_id)
     finally:
         ctx.in_flight.discard(request_id)

@@ -108,6 +108,51 @@ def without_pixels(messages: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]
     return out
 
 
+def content_text(content: Any) -> str:
+    """A message's content as text for people: its text parts, ``[image]`` for images."""
+    if isinstance(content, str):
+        return content
+    if not isinstance(content, list):
+        return str(content)
+    pieces = [
+        "[image]" if image_value(p) is not None else str(p.get("text", ""))
+        for p in content
+        if isinstance(p, Mapping)
+    ]
+    return " ".join(piece for piece in pieces if piece)
+
+
+def data_url(image: Image.Image) -> str:
+    """``image`` as a PNG ``data:`` URL: plain JSON text that ``load_image`` reads back to
+    the same pixels (how a checkpoint keeps the images of its messages)."""
+    out = io.BytesIO()
+    image.save(out, format="PNG")
+    return "data:image/png;base64," + base64.b64encode(out.getvalue()).decode("ascii")
+
+
+def with_image_refs(messages: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
+    """``messages`` with every image part as ``{"type": "image", "image": "sha256:HASH"}``
+    (a run's Parquet files keep the pixels once, by hash, beside the trajectories)."""
+    out = []
+    for i, message in enumerate(messages):
+        content = message.get("content")
+        if isinstance(content, list):
+            content = [
+                _ref(part, f"message {i + 1} part {j + 1}") for j, part in enumerate(content)
+            ]
+        out.append({**message, "content": content})
+    return out
+
+
+def _ref(part: Any, where: str) -> Any:
+    value = image_value(part)
+    if value is None:
+        return part
+    if isinstance(value, str) and value.startswith("sha256:"):
+        return {"type": "image", "image": value}
+    return {"type": "image", "image": f"sha256:{image_hash(load_image(value, where))}"}
+
+
 def _decode(data: bytes, where: str) -> Image.Image:
     try:
         with Image.open(io.BytesIO(data)) as opened:

@@ -60,9 +60,14 @@ def image_block(processor: Any) -> tuple[int, tuple[int, ...]]:
 
 def collapse(ids: Sequence[int], chat: ChatTokenizer) -> list[int]:
     """``ids`` with each image block back to its one placeholder (what vLLM expands)."""
-    block, token = chat.image_block, chat.image_token_id
-    if token is None or not block:
+    if chat.image_token_id is None:
         return list(ids)
+    return fold_blocks(ids, chat.image_token_id, chat.image_block)
+
+
+def fold_blocks(ids: Sequence[int], token: int, block: Sequence[int]) -> list[int]:
+    """``ids`` with every occurrence of ``block`` replaced by ``token``."""
+    block = tuple(block)
     out: list[int] = []
     i, n, width = 0, len(ids), len(block)
     while i < n:

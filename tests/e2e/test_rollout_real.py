@@ -56,8 +56,9 @@ ENV_ARGS = {
 
 
 # Plain names only: a family (``prefix:NAME``), qa (over data) and python_tool (which needs
-# its few-shot demo to make the small model call) have e2e tests of their own.
-OWN_TESTS = {"qa", "python_tool"}
+# its few-shot demo to make the small model call) have e2e tests of their own; shapes shows
+# images, which the text model here cannot read (tests/e2e/test_vision_real.py).
+OWN_TESTS = {"qa", "python_tool", "shapes"}
 
 
 @pytest.mark.parametrize(

@@ -22,6 +22,20 @@ ARGS = {
 }
 
 
+def content_ok(content) -> bool:
+    """A message's content: text, or (multimodal) a list of text and image parts."""
+    if isinstance(content, str):
+        return True
+    return isinstance(content, list) and all(
+        isinstance(p, dict)
+        and (
+            (p.get("type") == "text" and isinstance(p.get("text"), str))
+            or (p.get("type") == "image" and p.get("image") is not None)
+        )
+        for p in content
+    )
+
+
 def built(name: str):
     return load(name, **ARGS.get(name, {}))
 
@@ -48,12 +62,13 @@ async def test_episode_contract(name):
     state = await call(env.reset, first_example(name))
     assert isinstance(state, EnvState) and state.turn == 0
     assert state.messages and all({"role", "content"} <= set(m) for m in state.messages)
+    assert all(content_ok(m["content"]) for m in state.messages)
     assert state.messages[-1]["role"] == "user"
     for _ in range(env.max_turns):
         step = await advance(env, state, "I am not sure. Answer: 0")
         assert isinstance(step, EnvStep)
         assert all(
-            m["role"] in ("user", "tool") and isinstance(m["content"], str) for m in step.messages
+            m["role"] in ("user", "tool") and content_ok(m["content"]) for m in step.messages
         )
         if step.done:
             break

@@ -221,8 +221,6 @@ def test_settings_are_checked():
     assert env.max_turns == 3 and env.nonblocking
 
 
-def test_not_registered_until_rollouts_take_images():
-    # The token layer refuses image content until the vision path is in (loomrl.vision):
-    # a registered env no model could play would be a stub.
-    with pytest.raises(ValueError, match="unknown environment 'shapes'"):
-        load("shapes")
+def test_registered_by_name():
+    env = load("shapes", max_turns=3)
+    assert isinstance(env, ShapesEnv) and env.max_turns == 3

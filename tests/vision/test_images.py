@@ -93,3 +93,33 @@ def test_a_bad_part_is_named_by_message_and_part():
     ]
     with pytest.raises(ImageError, match=r"^message 1 part 2: "):
         load_message_images(messages)
+
+
+def test_a_trajectory_with_images_round_trips_through_the_log_and_parquet(tmp_path):
+    import pyarrow.parquet as pq
+
+    from loomrl.producer.records import traj_from_row, traj_to_row
+    from loomrl.runs import load_trajectories, write_trajectories
+    from loomrl.types import Trajectory
+
+    image = picture()
+    messages = [
+        {"role": "user", "content": [{"type": "image", "image": image}, TEXT]},
+        {"role": "assistant", "content": "Answer: 1"},
+    ]
+    traj = Trajectory(0, 0, 0, "shapes", prompt_ids=[1], completion_ids=[2], logprobs=[-0.5],
+                      loss_mask=[1], messages=messages, spans=[(0, 1)], span_versions=[0],
+                      finish_reasons=["stop"], span_temperatures=[1.0], turns=1,
+                      images=[image_hash(image)])  # fmt: skip
+    back = traj_from_row(*traj_to_row(traj))  # the log keeps the pixels (a data URL)
+    assert back.images == traj.images
+    assert load_message_images(back.messages)[0].tobytes() == image.tobytes()
+    write_trajectories(tmp_path / "trajectories.parquet", [traj, back])
+    (row,) = pq.read_table(tmp_path / "images.parquet").to_pylist()  # once, by hash
+    assert row["hash"] == traj.images[0] and load_image(row["png"]).tobytes() == image.tobytes()
+    loaded = load_trajectories(tmp_path / "trajectories.parquet")
+    assert loaded[0].messages[0]["content"][0] == {
+        "type": "image",
+        "image": f"sha256:{row['hash']}",
+    }
+    assert loaded[0].messages == loaded[1].messages
