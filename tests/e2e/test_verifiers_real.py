@@ -5,11 +5,9 @@ the rewards are verifiers' own named components (the small model's score does no
 from __future__ import annotations
 
 import math
-import os
-import sys
-from pathlib import Path
 
 import pytest
+from vf_setup import tasksets_importable
 
 import loomrl
 from loomrl.harness.verifiers import VerifiersEnv
@@ -17,23 +15,15 @@ from loomrl.types import SamplingParams, Status
 
 pytestmark = pytest.mark.e2e
 
-TASKSETS = str(Path(__file__).resolve().parents[1] / "vf_tasksets")
 SAMPLING = SamplingParams(max_tokens=48, temperature=1.0, seed=0)
 TIMEOUT = 240
 
 
 @pytest.fixture(scope="module", autouse=True)
-def tasksets_importable():
+def importable():
     """The test tasksets importable here; the variables the adapter sets put back."""
-    saved = {k: os.environ.get(k) for k in ("PATH", "PYTHONPATH", "LOOMRL_VERIFIERS_API_KEY")}
-    sys.path.insert(0, TASKSETS)
-    yield
-    sys.path.remove(TASKSETS)
-    for key, value in saved.items():
-        if value is None:
-            os.environ.pop(key, None)
-        else:
-            os.environ[key] = value
+    with tasksets_importable():
+        yield
 
 
 async def play(engine, env: VerifiersEnv, check_contract) -> list:

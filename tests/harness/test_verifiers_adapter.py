@@ -10,33 +10,24 @@ from __future__ import annotations
 import asyncio
 import os
 import re
-import sys
-from pathlib import Path
 from typing import Any
 
 import psutil
 import pytest
+from vf_setup import TASKSETS, tasksets_importable
 
 from loomrl import Status, rollout
 from loomrl.harness import HarnessOutcome, HarnessRun
 from loomrl.harness.verifiers import VerifiersEnv, VerifiersEpisodeError, check, verifiers_env
 
-TASKSETS = str(Path(__file__).resolve().parents[1] / "vf_tasksets")
 TIMEOUT = 180  # the first episode on a fresh machine lets uv fetch the harness's packages
 
 
 @pytest.fixture(scope="module", autouse=True)
-def tasksets_importable():
+def importable():
     """The test tasksets importable here; the variables the adapter sets put back."""
-    saved = {k: os.environ.get(k) for k in ("PATH", "PYTHONPATH", "LOOMRL_VERIFIERS_API_KEY")}
-    sys.path.insert(0, TASKSETS)
-    yield
-    sys.path.remove(TASKSETS)
-    for key, value in saved.items():
-        if value is None:
-            os.environ.pop(key, None)
-        else:
-            os.environ[key] = value
+    with tasksets_importable():
+        yield
 
 
 class Recording(VerifiersEnv):
