@@ -89,10 +89,7 @@ class HarnessEnv(Environment):
         *,
         command: Sequence[str] | None = None,
         reward: Callable[[HarnessOutcome], Any] | str | None = None,
-        examples: Sequence[dict[str, Any]]
-        | Callable[[int, int], list[dict[str, Any]]]
-        | str
-        | None = None,
+        examples: Sequence[dict[str, Any]] | ExampleMaker | str | None = None,
         parser: str = "hermes",
         tools_in_prompt: bool = True,
         timeout: float = 600.0,
@@ -133,8 +130,8 @@ class HarnessEnv(Environment):
                 request = await self._next(episode)
             except HarnessError as exc:
                 raise HarnessError(f"{exc} (before its first request)") from None
-            if request is None:
-                raise HarnessError("the harness ended before its first request" + _ending(program))
+            if request is None:  # it ended well (a failure raised above) but never asked
+                raise HarnessError("the harness ended before its first request")
         except BaseException:
             if program is not None:
                 program.kill()
@@ -290,11 +287,6 @@ def _failure(program: Program) -> str | None:
             f": {tail}" if tail else ""
         )
     return None
-
-
-def _ending(program: Program) -> str:
-    problem = _failure(program)
-    return f" ({problem})" if problem else ""
 
 
 def _reported(result: Any) -> Score:
