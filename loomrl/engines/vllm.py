@@ -78,6 +78,7 @@ class VLLMEngine:
                 engine_args.setdefault("max_num_batched_tokens", max(context, 2048))
         engine_args.setdefault("dtype", serving_dtype(self.model_path))
         self.vision = is_vision(self.model_path)
+        self.max_images = max_images
         if self.vision:  # images per prompt: vLLM refuses more, naming the limit
             engine_args.setdefault("limit_mm_per_prompt", {"image": max_images})
         engine_args.setdefault("worker_extension_cls", WEIGHT_LOADER)
@@ -134,6 +135,11 @@ class VLLMEngine:
             raise ValueError(
                 f"model {self.model_spec!r} has no vision tower: it cannot take images "
                 "(use a vision-language model, e.g. smolvlm-tiny)"
+            )
+        if len(images) > self.max_images:
+            raise ValueError(
+                f"the conversation shows {len(images)} images; this engine takes at most "
+                f"{self.max_images} per prompt (VLLMEngine(max_images=...))"
             )
         if self._image is None:
             from transformers import AutoProcessor

@@ -56,3 +56,17 @@ async def test_shapes_on_a_vision_model_keep_the_token_contract(vision_engine, t
     back = load_trajectories(tmp_path / "trajectories.parquet")
     assert [t.images for t in back] == [t.images for t in results]
     assert back[0].messages[1]["content"][0]["image"] == f"sha256:{results[0].images[0]}"
+
+
+async def test_more_images_than_the_engine_takes_is_a_clear_error(vision_engine):
+    env = ShapesEnv(max_turns=6)  # wrong answers keep adding images: past max_images=4
+    sampling = SamplingParams(max_tokens=4, temperature=1.0, seed=1)
+    results = await loomrl.rollout(
+        vision_engine, env, env.dataset(3, seed=5), n=2, sampling=sampling, max_len=1024,
+        on_error="isolate",
+    )  # fmt: skip
+    failed = [t for t in results if t.status == Status.ERROR]
+    assert failed, [(t.status, len(t.images)) for t in results]
+    for traj in failed:
+        assert "shows 5 images; this engine takes at most 4 per prompt" in traj.error
+        assert traj.turns == 4 and len(traj.images) == 5
