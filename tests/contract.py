@@ -8,7 +8,7 @@ from dataclasses import replace
 from typing import Any
 
 from loomrl.tokens import ChatTokenizer, verify
-from loomrl.types import Trajectory
+from loomrl.types import CONTINUED, Trajectory
 
 
 def mask_runs(mask: Sequence[int]) -> list[tuple[int, int]]:
@@ -28,7 +28,7 @@ def turns_of(traj: Trajectory) -> list[tuple[int, int, str]]:
     in ``abort``) or FIRE sampled hot (``fire``) is joined to the piece continuing it."""
     turns: list[tuple[int, int, str]] = []
     for (start, end), reason in zip(traj.spans, traj.finish_reasons, strict=True):
-        if turns and turns[-1][2] in ("abort", "fire") and turns[-1][1] == start:
+        if turns and turns[-1][2] in CONTINUED and turns[-1][1] == start:
             turns[-1] = (turns[-1][0], end, reason)
         else:
             turns.append((start, end, reason))

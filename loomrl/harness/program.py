@@ -69,14 +69,19 @@ class ProgramExit:
 class Program:
     """One started harness program; ``done`` finishes with its result."""
 
-    def __init__(self, done: asyncio.Task[Any], process: asyncio.subprocess.Process | None) -> None:
+    def __init__(
+        self,
+        done: asyncio.Task[Any],
+        process: asyncio.subprocess.Process | None = None,
+        key: str | None = None,
+    ) -> None:
         self.done = done
         self.process = process
-        self.key: str | None = None  # a command's marker value (MARKER in its environment)
+        self.key = key  # a command's marker value (MARKER in its environment)
 
     @classmethod
     def start_function(cls, function: HarnessFunction, run: HarnessRun) -> Program:
-        return cls(asyncio.ensure_future(function(run)), None)
+        return cls(asyncio.ensure_future(function(run)))
 
     @classmethod
     async def start_command(cls, command: Sequence[str], run: HarnessRun) -> Program:
@@ -97,9 +102,7 @@ class Program:
             start_new_session=True,
         )
         done = asyncio.ensure_future(_wait(process, json.dumps(run.example).encode(), run.api_key))
-        program = cls(done, process)
-        program.key = run.api_key
-        return program
+        return cls(done, process, run.api_key)
 
     def kill(self) -> None:
         """Stop the program now (sync): cancel the function, kill the command's group

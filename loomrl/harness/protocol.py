@@ -40,9 +40,11 @@ REFUSED_KEYS = frozenset(
     }
 )  # fmt: skip
 KNOWN_KEYS = frozenset(
-    {"messages", "tools", "tool_choice", "stream", "n", "logprobs", "top_logprobs"}
-    | {"response_format"}
-)
+    {
+        "messages", "tools", "tool_choice", "stream", "n", "logprobs", "top_logprobs",
+        "response_format",
+    }
+)  # fmt: skip
 
 
 class RequestError(Exception):

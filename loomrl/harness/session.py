@@ -40,8 +40,7 @@ class Session:
         self.counts: Counter[str] = Counter()
         self.closed: str | None = None  # why, once closed
         self._inbox: asyncio.Queue[Pending] = asyncio.Queue()
-        self._current: Pending | None = None  # taken by the episode, not yet answered
-        self._open: Pending | None = None  # submitted, not yet answered
+        self._open: Pending | None = None  # submitted, not yet answered (one at a time)
         self._last: Pending | None = None  # the last one answered
 
     def submit(self, request: ChatRequest) -> asyncio.Future[Answer | RequestError]:
@@ -85,29 +84,23 @@ class Session:
             pending = getting.result()
         else:
             pending = self._inbox.get_nowait()
-        self._current = pending
         return pending.request
 
     def answer(self, answer: Answer | RequestError) -> None:
-        """Send the current request its answer (a client that went away is let go)."""
-        pending, self._current = self._current, None
-        if pending is not None and not pending.reply.done():
+        """Send the open request its answer (a client that went away is let go)."""
+        pending, self._open = self._open, None
+        if pending is None:
+            return
+        if not pending.reply.done():
             pending.reply.set_result(answer)
-        if pending is not None and pending is self._open:
-            self._open, self._last = None, pending
+        self._last = pending
 
     def close(self, why: str) -> None:
         """End the session: every waiting request gets an ``episode_ended`` error."""
         if self.closed is not None:
             return
         self.closed = why
-        error = ended_error(why)
-        self.answer(error)
-        while not self._inbox.empty():
-            pending = self._inbox.get_nowait()
-            if not pending.reply.done():
-                pending.reply.set_result(error)
-        self._open = None
+        self.answer(ended_error(why))  # the open request, taken by the episode or not
 
 
 def ended_error(why: str) -> RequestError:

@@ -15,7 +15,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
-from loomrl.envs.base import EnvState, TurnRecord
+from loomrl.envs.base import Environment, EnvState, TurnRecord
 from loomrl.rollout.context import EnvTimeout, RolloutContext
 from loomrl.rollout.observations import cap_messages, fit_messages
 from loomrl.types import CONTINUED, Completion, SamplingParams, Status, Trajectory
@@ -88,6 +88,7 @@ async def _play(
     opened: list[EnvState],
 ) -> EnvState:
     env, chat, clock = ctx.env, ctx.chat, traj.timings
+    records_turns = type(env).record_turn is not Environment.record_turn  # most envs: no
     if resume is None:
         state = await ctx.env_call(env.reset, example, what="reset")
         opened.append(state)
@@ -173,9 +174,10 @@ async def _play(
             break
         if ctx.barrier is not None:
             await ctx.barrier.wait()
-        context = len(traj.prompt_ids) + turn_start
-        record = TurnRecord(turn_ids, logprobs[turn_start:], out.finish_reason, context)
-        env.record_turn(state, record)
+        if records_turns:
+            context = len(traj.prompt_ids) + turn_start
+            record = TurnRecord(turn_ids, logprobs[turn_start:], out.finish_reason, context)
+            env.record_turn(state, record)
         t0 = time.perf_counter()
         step = await ctx.env_call(env.step, state, message, what="step")
         clock["env_s"] = clock.get("env_s", 0.0) + time.perf_counter() - t0
