@@ -9,6 +9,8 @@ from typing import Any
 
 from loomrl.tokens import ChatTokenizer, verify
 from loomrl.types import CONTINUED, Trajectory
+from loomrl.vision.images import image_hash, load_message_images
+from loomrl.vision.tokens import block_starts, collapse
 
 
 def mask_runs(mask: Sequence[int]) -> list[tuple[int, int]]:
@@ -118,13 +120,36 @@ def check_segment(
     # stop token that ended it runs past the rendering.
     ended_by = 1 if not chat.closing_ids and mask[-1:] == [1] and ids[-1] in stops else 0
     assert result.ended_by == tuple(full[len(full) - ended_by :])
+    check_images(chat, traj)
     # Text level, straight from the template: decoded ids are a prefix of it, and at
-    # most the closing of the last assistant turn is left over.
-    rendered = tokenizer.apply_chat_template(traj.messages, tokenize=False)
-    sampled = traj.prompt_ids + ids
+    # most the closing of the last assistant turn is left over (image blocks read as the
+    # template's one placeholder each).
+    rendered = chat.render(traj.messages, add_generation_prompt=False)
+    sampled = collapse(traj.prompt_ids + ids, chat)
     decoded = tokenizer.decode(sampled[: len(sampled) - ended_by], skip_special_tokens=False)
     assert rendered.startswith(decoded)
     closing = list(chat.closing_ids)
     tails = {tokenizer.decode(closing[i:], skip_special_tokens=False) for i in range(len(closing))}
     assert rendered[len(decoded) :] in tails | {""}
     assert traj.messages[-1]["role"] == "assistant"
+
+
+def check_images(chat: ChatTokenizer, traj: Trajectory) -> None:
+    """The images of a trajectory: one placeholder block per image of its messages, in
+    order, each named by its pixel hash in ``traj.images``; no placeholder id outside a
+    block, none in the model's own tokens; none at all for a text-only token layer."""
+    shown = load_message_images(traj.messages)
+    assert traj.images == [image_hash(image) for image in shown]
+    full = traj.prompt_ids + traj.completion_ids
+    if chat.image_token_id is None:
+        assert not shown
+        return
+    starts = block_starts(full, chat)
+    assert len(starts) == len(shown)
+    width = len(chat.image_block)
+    per_block = chat.image_block.count(chat.image_token_id)
+    assert full.count(chat.image_token_id) == per_block * len(starts)
+    offset = len(traj.prompt_ids)
+    for start in starts:  # blocks are prompt or glue, never sampled
+        inside = range(max(start, offset), start + width)
+        assert all(traj.loss_mask[i - offset] == 0 for i in inside)

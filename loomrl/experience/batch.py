@@ -24,6 +24,7 @@ import torch
 from torch import Tensor
 
 from loomrl.types import Trajectory
+from loomrl.vision.pixels import Pixels
 
 Layout = Literal["padded", "packed"]
 
@@ -55,6 +56,9 @@ class Batch:
     #: (``Trajectory.span_temperatures``), NaN where none is recorded (prompt, glue,
     #: padding, older records): scoring uses its own temperature there.
     temperatures: Tensor | None = None
+    #: The samples' images (vision-language models), ``Pixels.counts`` per sample; None
+    #: for a batch without images.
+    pixels: Pixels | None = None
 
     @property
     def num_samples(self) -> int:
@@ -73,9 +77,8 @@ class Batch:
     def to(self, device: torch.device | str) -> Batch:
         """The same batch on ``device`` (per-sample metadata included)."""
         values = {f.name: getattr(self, f.name) for f in fields(self)}
-        return replace(
-            self, **{k: v.to(device) for k, v in values.items() if isinstance(v, Tensor)}
-        )
+        moved = {k: v.to(device) for k, v in values.items() if isinstance(v, Tensor | Pixels)}
+        return replace(self, **moved)
 
     def completion_slices(self) -> list[tuple[int, int, int]]:
         """``(row, start, end)`` of each sample's completion tokens in the token tensors."""
@@ -104,9 +107,12 @@ def pad(
     returns: Sequence[Sequence[float]] | None = None,
     *,
     pad_token_id: int = 0,
+    pixels: Pixels | None = None,
 ) -> Batch:
-    """A padded batch; ``advantages`` / ``returns`` are per completion token (0 if None)."""
+    """A padded batch; ``advantages`` / ``returns`` are per completion token (0 if None);
+    ``pixels`` are the trajectories' images (``PixelEncoder.encode``), needed if any has."""
     rows = _rows(trajectories, advantages, returns)
+    _check_pixels(trajectories, pixels)
     width_p = max((len(t.prompt_ids) for t in trajectories), default=0)
     width_c = max((len(t.completion_ids) for t in trajectories), default=0)
     b, length = len(trajectories), width_p + width_c
@@ -122,7 +128,7 @@ def pad(
     positions = (attention.cumsum(dim=1) - 1).clamp(min=0)
     return Batch(
         layout="padded", input_ids=ids, position_ids=positions, attention_mask=attention,
-        cu_seqlens=None, **token, **_metadata(trajectories),
+        cu_seqlens=None, pixels=pixels, **token, **_metadata(trajectories),
     )  # fmt: skip
 
 
@@ -130,9 +136,12 @@ def pack(
     trajectories: Sequence[Trajectory],
     advantages: Sequence[Sequence[float]] | None = None,
     returns: Sequence[Sequence[float]] | None = None,
+    *,
+    pixels: Pixels | None = None,
 ) -> Batch:
-    """A packed batch ``[1, N]``; ``advantages`` / ``returns`` as in ``pad``."""
+    """A packed batch ``[1, N]``; ``advantages`` / ``returns`` / ``pixels`` as in ``pad``."""
     rows = _rows(trajectories, advantages, returns)
+    _check_pixels(trajectories, pixels)
     lengths = [len(t.prompt_ids) + len(t.completion_ids) for t in trajectories]
     cu = torch.zeros(len(lengths) + 1, dtype=torch.int32)
     cu[1:] = torch.tensor(lengths, dtype=torch.int32).cumsum(0)
@@ -148,8 +157,26 @@ def pack(
         _fill(token, 0, slice(start, int(cu[i + 1])), traj, adv, ret)
     return Batch(
         layout="packed", input_ids=ids, position_ids=positions.reshape(1, n),
-        attention_mask=None, cu_seqlens=cu, **token, **_metadata(trajectories),
+        attention_mask=None, cu_seqlens=cu, pixels=pixels, **token, **_metadata(trajectories),
     )  # fmt: skip
+
+
+def _check_pixels(trajectories: Sequence[Trajectory], pixels: Pixels | None) -> None:
+    """Images travel with their samples: one count per sample, matching what each holds."""
+    if pixels is None:
+        with_images = [t for t in trajectories if t.images]
+        if with_images:
+            t = with_images[0]
+            raise ValueError(
+                f"{len(with_images)} trajectories hold images (the first: example "
+                f"{t.example_id}, sample {t.sample_index}): batch them with their pixels "
+                "(loomrl.vision.pixels.PixelEncoder.for_model(model_dir).encode(trajectories))"
+            )
+        return
+    counts = pixels.counts.tolist()
+    expected = [len(t.images) for t in trajectories]
+    if counts != expected:
+        raise ValueError(f"pixels hold images per sample {counts}, the trajectories {expected}")
 
 
 _FLOAT_FIELDS = ("loss_mask", "logprobs", "advantages", "returns")

@@ -24,6 +24,7 @@ import torch
 from torch import Tensor
 
 from loomrl.experience.batch import Batch
+from loomrl.vision.pixels import Pixels
 
 SOFTMAX_CHUNK_ROWS = 1024
 
@@ -44,6 +45,7 @@ class MicroBatch:
     attention_mask: Tensor | None
     want: Tensor
     temperatures: Tensor | None = None  # [b, n]: each token's sampling temperature, or NaN
+    pixels: Pixels | None = None  # the images of the slice's samples (vision models)
 
 
 def micro_batches(batch: Batch, max_tokens: int = 2048) -> Iterator[MicroBatch]:
@@ -73,6 +75,7 @@ def micro_batches(batch: Batch, max_tokens: int = 2048) -> Iterator[MicroBatch]:
         yield MicroBatch(
             rows, cols, batch.input_ids[rows, cols], positions, attention,
             want & (positions > 0), _sliced(batch.temperatures, rows, cols),
+            _images(batch, first, end),
         )  # fmt: skip
         first = end
 
@@ -95,8 +98,17 @@ def _packed_micro_batches(
         yield MicroBatch(
             slice(0, 1), cols, batch.input_ids[:, cols], positions, None,
             want & (positions > 0), _sliced(batch.temperatures, slice(0, 1), cols),
+            _images(batch, first, end),
         )  # fmt: skip
         first = end
+
+
+def _images(batch: Batch, first: int, end: int) -> Pixels | None:
+    """The images of samples ``[first, end)``, or None when they have none."""
+    if batch.pixels is None:
+        return None
+    pixels = batch.pixels.of_samples(first, end)
+    return pixels if pixels.values.shape[0] else None
 
 
 def _sliced(values: Tensor | None, rows: slice, cols: slice) -> Tensor | None:
@@ -155,6 +167,8 @@ def forward_scores(
         "attention_mask": None if mb.attention_mask is None else mb.attention_mask.to(device),
         "use_cache": False,  # also lets transformers build packed-sequence masks
     }
+    if mb.pixels is not None:  # the model puts each image's features on its placeholders
+        inputs.update(mb.pixels.model_inputs(device))
     if _accepts_logits_to_keep(model):
         logits = model(**inputs, logits_to_keep=cols).logits  # [b, k, V]
     else:

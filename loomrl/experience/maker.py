@@ -25,6 +25,7 @@ from loomrl.algos import advantages as estimators
 from loomrl.algos.shaping import filter_zero_variance_groups
 from loomrl.experience.batch import Batch, pack, pad
 from loomrl.types import Status, Trajectory
+from loomrl.vision.pixels import PixelEncoder
 
 UNUSABLE = frozenset({Status.ERROR, Status.ENV_TIMEOUT, Status.ABORTED})
 
@@ -41,11 +42,19 @@ class Experience:
     estimator: str
     stats: dict[str, Any] = field(default_factory=dict)
 
-    def padded(self, pad_token_id: int = 0) -> Batch:
-        return pad(self.trajectories, self.advantages, self.returns, pad_token_id=pad_token_id)
+    def padded(self, pad_token_id: int = 0, images: PixelEncoder | None = None) -> Batch:
+        """A padded batch; ``images`` encodes the trajectories' images (vision models)."""
+        return pad(
+            self.trajectories, self.advantages, self.returns, pad_token_id=pad_token_id,
+            pixels=None if images is None else images.encode(self.trajectories),
+        )  # fmt: skip
 
-    def packed(self) -> Batch:
-        return pack(self.trajectories, self.advantages, self.returns)
+    def packed(self, images: PixelEncoder | None = None) -> Batch:
+        """A packed batch; ``images`` as in ``padded``."""
+        return pack(
+            self.trajectories, self.advantages, self.returns,
+            pixels=None if images is None else images.encode(self.trajectories),
+        )  # fmt: skip
 
 
 def make_experience(

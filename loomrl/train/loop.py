@@ -28,6 +28,7 @@ from loomrl.envs import Environment
 from loomrl.envs import load as load_env
 from loomrl.experience.files import check_estimator
 from loomrl.models import resolve
+from loomrl.models.loading import load_lm, load_preprocessor, tokenizer_of
 from loomrl.producer import AsyncProducer, ProducerConfig, ReplayBuffer, SyncProducer, Task
 from loomrl.producer.metrics import producer_metrics
 from loomrl.rollout import Rollouts
@@ -51,6 +52,7 @@ from loomrl.train.loggers import open_sinks
 from loomrl.train.lora import adapters_off, attach, sync_weights
 from loomrl.train.shaping import Shaper
 from loomrl.types import SamplingParams, Trajectory
+from loomrl.vision.pixels import PixelEncoder
 
 StepCallback = Callable[[dict[str, Any]], None]
 
@@ -106,8 +108,6 @@ async def _train(
     drawn: Mapping[str, Drawn] | None,
     ray: RaySession | None,
 ) -> list[dict[str, Any]]:
-    from transformers import AutoModelForCausalLM, AutoTokenizer
-
     if not resume:
         check_new_run(out, "train", overwrite=overwrite)
     check_estimator(config.estimator, config.estimator_options, with_values=config.critic)
@@ -135,8 +135,9 @@ async def _train(
     evals = eval_tasks(config, drawn) if config.eval_every else []
     dtype = getattr(torch, config.dtype)
     try:
-        model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=dtype)
-        tokenizer = AutoTokenizer.from_pretrained(model_dir)
+        model = load_lm(model_dir, dtype)
+        preprocessor = load_preprocessor(model_dir)  # saved with every checkpoint
+        images = PixelEncoder.for_model(model_dir)  # a vision-language model's pixels
         if config.lora is not None:
             model = attach(model, config.lora, adapter)
     except Exception as exc:  # transformers and safetensors raise many kinds
@@ -148,12 +149,18 @@ async def _train(
     if config.kl_coef and config.lora is not None:
         reference = adapters_off(model)  # the frozen base itself: no second copy
     elif config.kl_coef:
-        reference = AutoModelForCausalLM.from_pretrained(resolve(config.model), dtype=dtype)
+        reference = load_lm(resolve(config.model), dtype)
         reference.requires_grad_(False)
     learner = Learner(model, config.learner(), reference)
     if learner_state is not None:
         learner.load_state_dict(learner_state)
-    shaper = Shaper(config, learner)
+    tokenizer = tokenizer_of(preprocessor)
+    if images is not None and (config.critic or config.lora is not None):
+        raise ValueError(
+            f"model {config.model!r} sees images: training it with a critic or LoRA is not "
+            "supported (train it fully, with an outcome estimator such as grpo)"
+        )
+    shaper = Shaper(config, learner, images)
     if learner_state is not None:
         shaper.load_state_dict(learner_state.get("shaping", {}), start)
     critic = None
@@ -212,7 +219,7 @@ async def _train(
             flat = [t for g in groups for t in g.trajectories()]
             rollout_s = time.perf_counter() - started
             trajs = Rollouts(flat, compute_metrics(flat, config.n, rollout_s))
-            row = _step(config, learner, trajs, tokenizer.pad_token_id or 0, shaper, critic)
+            row = _step(config, learner, trajs, tokenizer.pad_token_id or 0, shaper, critic, images)
             shaper.after_step(step + 1, row)
             # Synced even after a skipped learner step: versions count steps, which is
             # what the staleness bound is measured in. Every sync_weights_interval steps
@@ -236,7 +243,7 @@ async def _train(
             if (step + 1) % config.checkpoint_every == 0 or step + 1 == config.steps:
                 state = {**learner.state_dict(), "shaping": shaper.state_dict(step + 1)}
                 save_checkpoint(
-                    out, step + 1, model, tokenizer, state, run_id=run_id,
+                    out, step + 1, model, preprocessor, state, run_id=run_id,
                     critic_state=None if critic is None else critic.state_dict(),
                 )  # fmt: skip
     finally:
@@ -325,7 +332,7 @@ def _producer_row(buffer: ReplayBuffer) -> dict[str, float | int]:
 
 def _step(
     config: TrainConfig, learner: Learner, trajs: list[Trajectory], pad_id: int,
-    shaper: Shaper, critic: Critic | None = None,
+    shaper: Shaper, critic: Critic | None = None, images: PixelEncoder | None = None,
 ) -> dict[str, Any]:  # fmt: skip
     """Experience (shaped: ``loomrl.train.shaping``) and one learner step, then the
     critic's (after the values it gave the estimator); a batch with nothing to learn
@@ -349,7 +356,7 @@ def _step(
     }
     if not exp.trajectories or exp.stats.get("trained_tokens", 0) == 0:
         return {**row, "experience_s": time.perf_counter() - t0, "learner_s": None}
-    batch = exp.packed() if config.layout == "packed" else exp.padded(pad_id)
+    batch = exp.packed(images) if config.layout == "packed" else exp.padded(pad_id, images)
     row["experience_s"] = time.perf_counter() - t0
     row.update(learner.step(batch))
     if critic is not None and values is not None:

@@ -45,5 +45,7 @@ def select(batch: Batch, first: int, end: int, *aligned: Tensor) -> tuple[Batch,
         completion_lengths=batch.completion_lengths[first:end],
         group_ids=batch.group_ids[first:end], example_ids=batch.example_ids[first:end],
         policy_versions=batch.policy_versions[first:end], rewards=batch.rewards[first:end],
+        temperatures=None if batch.temperatures is None else batch.temperatures[at],
+        pixels=None if batch.pixels is None else batch.pixels.of_samples(first, end),
     )  # fmt: skip
     return sub, [t[at] for t in aligned]

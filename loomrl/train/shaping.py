@@ -49,6 +49,7 @@ from loomrl.experience import Experience, compute_logprobs, make_experience, pad
 from loomrl.experience.maker import UNUSABLE
 from loomrl.train.learner import Learner
 from loomrl.types import Trajectory
+from loomrl.vision.pixels import PixelEncoder
 
 if TYPE_CHECKING:
     from loomrl.train.config import TrainConfig
@@ -75,8 +76,11 @@ class Shaper:
     into the learner's ``Experience`` and metrics, ``after_step`` adapts β and refreshes
     the reference."""
 
-    def __init__(self, config: TrainConfig, learner: Learner) -> None:
+    def __init__(
+        self, config: TrainConfig, learner: Learner, images: PixelEncoder | None = None
+    ) -> None:
         self.config, self.learner = config, learner
+        self.images = images  # a vision-language policy's pixels, for the KL recompute
         self.norm = RunningNorm()
         self.kl = AdaptiveKL(config.kl_coef, config.kl_target, config.kl_horizon)
         self.refreshed_at = 0  # the step whose policy the reference holds (0: the initial)
@@ -189,7 +193,8 @@ class Shaper:
         learner, cfg = self.learner, self.learner.config
         if learner.reference is None:
             raise ValueError("kl_in = 'reward' needs a reference model (kl_coef > 0)")
-        batch = pad(usable, pad_token_id=pad_id)
+        pixels = None if self.images is None else self.images.encode(usable)
+        batch = pad(usable, pad_token_id=pad_id, pixels=pixels)
         scored = []
         for model in (learner.model, learner.reference):
             device = next(model.parameters()).device

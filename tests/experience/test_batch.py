@@ -264,7 +264,7 @@ def test_to_cpu_returns_an_equal_batch(build):
     moved = batch.to("cpu")
     assert isinstance(moved, Batch) and moved.layout == batch.layout
     names = [f.name for f in fields(Batch)]
-    assert len(names) == 16
+    assert len(names) == 17
     for name in names:
         value, other = getattr(batch, name), getattr(moved, name)
         if isinstance(value, torch.Tensor):

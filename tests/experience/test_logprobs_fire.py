@@ -69,3 +69,17 @@ def test_a_greedy_token_cannot_be_scored(model):  # noqa: F811
     trajs[0].span_temperatures = [0.0, SCALAR, 2.0]
     with pytest.raises(ValueError, match="temperature 0"):
         compute_logprobs(model, pad(trajs), temperature=SCALAR)
+
+
+@pytest.mark.parametrize("build", [pad, pack])
+def test_a_mini_batch_keeps_its_own_samples_temperatures(build):
+    """PPO mini-batches slice the temperatures with the tokens: each sample keeps its own."""
+    from loomrl.train import minibatch
+
+    trajs = fired()
+    batch = build(trajs)
+    for first, end in [(0, 1), (1, 3), (2, 3)]:
+        sub, _ = minibatch.select(batch, first, end)
+        alone = build(trajs[first:end])
+        assert sub.temperatures.shape == sub.input_ids.shape
+        torch.testing.assert_close(sub.temperatures, alone.temperatures, equal_nan=True)

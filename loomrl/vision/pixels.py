@@ -1,0 +1,190 @@
+"""Pixels for training: a trajectory's images as the tensors a vision-language model's
+forward pass takes, made by the model's own image processor.
+
+A trajectory keeps its images in its messages (or, read back from a run, as
+``sha256:HASH`` references into ``images.parquet``) and their hashes in
+``Trajectory.images``, in the order of their placeholder blocks in the token ids. The
+``PixelEncoder`` loads them in that order, checks them against the hashes and the ids
+(one block of ``tokens_per_image`` placeholder ids per image), and runs the image
+processor once per distinct image (a group shares its prompt image): the same
+processing vLLM applied when it sampled, so recomputed logprobs see what the sampler saw.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import Tensor
+
+from loomrl.lru import LRUCache
+from loomrl.types import Trajectory
+from loomrl.vision.images import ImageError, image_hash, image_parts, load_image
+
+
+@dataclass(frozen=True)
+class Pixels:
+    """The images of a batch's samples, in sample order, each sample's in block order.
+
+    ``values [K, C, H, W]`` float32; ``mask [K, H, W]`` int64 (1 on real pixels, 0 on the
+    padding the processor added), or None when the processor has none; ``counts [B]``
+    int64, the number of images of each sample (``K = counts.sum()``).
+    """
+
+    values: Tensor
+    mask: Tensor | None
+    counts: Tensor
+
+    def offsets(self) -> list[int]:
+        """``[B + 1]`` index of each sample's first image (and the end)."""
+        return [0, *torch.cumsum(self.counts, 0).tolist()]
+
+    def of_samples(self, first: int, end: int) -> Pixels:
+        """The images of samples ``[first, end)``."""
+        at = self.offsets()
+        rows = slice(at[first], at[end])
+        mask = None if self.mask is None else self.mask[rows]
+        return Pixels(self.values[rows], mask, self.counts[first:end])
+
+    def to(self, device: torch.device | str) -> Pixels:
+        mask = None if self.mask is None else self.mask.to(device)
+        return Pixels(self.values.to(device), mask, self.counts.to(device))
+
+    def model_inputs(self, device: torch.device | str) -> dict[str, Tensor]:
+        """The keyword arguments of the forward pass (one batch row holding every image:
+        the model fills the placeholder ids in order, row after row, so the layout of the
+        token batch does not matter)."""
+        inputs = {"pixel_values": self.values[None].to(device)}
+        if self.mask is not None:
+            inputs["pixel_attention_mask"] = self.mask[None].to(device)
+        return inputs
+
+
+class PixelEncoder:
+    """A vision-language model's image processor, for batches of trajectories."""
+
+    def __init__(
+        self,
+        image_processor: Any,
+        image_token_id: int,
+        tokens_per_image: int,
+        cache_size: int = 512,
+    ) -> None:
+        if tokens_per_image < 1:
+            raise ValueError(f"tokens_per_image must be >= 1, got {tokens_per_image}")
+        self.image_processor = image_processor
+        self.image_token_id, self.tokens_per_image = image_token_id, tokens_per_image
+        self._cache: LRUCache[str, tuple[Tensor, Tensor | None]] = LRUCache(cache_size)
+
+    @classmethod
+    def for_model(cls, model_dir: str | Path) -> PixelEncoder | None:
+        """The encoder of the model in ``model_dir`` (its processor saved beside it), or
+        None for a text-only model."""
+        from transformers import AutoProcessor
+
+        from loomrl.models import is_vision
+        from loomrl.vision.tokens import image_block
+
+        if not is_vision(model_dir):
+            return None
+
+        processor = AutoProcessor.from_pretrained(model_dir)
+        token_id, block = image_block(processor)
+        return cls(processor.image_processor, token_id, block.count(token_id))
+
+    def encode(
+        self,
+        trajectories: Sequence[Trajectory],
+        stored: Mapping[str, Any] | None = None,
+    ) -> Pixels:
+        """The images of ``trajectories``; ``stored`` maps hashes to images for messages
+        that hold ``sha256:HASH`` references (a run's ``images.parquet``). Raises
+        ``ImageError`` naming the trajectory when its images and ids disagree."""
+        values: list[Tensor] = []
+        masks: list[Tensor | None] = []
+        counts = []
+        for traj in trajectories:
+            images = self.images_of(traj, stored)
+            for key, image in zip(traj.images, images, strict=True):
+                value, mask = self._processed(key, image)
+                values.append(value)
+                masks.append(mask)
+            counts.append(len(images))
+        count_tensor = torch.tensor(counts, dtype=torch.long)
+        if not values:
+            return Pixels(torch.zeros((0, 3, 1, 1)), None, count_tensor)
+        return Pixels(*_stacked(values, masks), count_tensor)
+
+    def images_of(self, traj: Trajectory, stored: Mapping[str, Any] | None = None) -> list[Any]:
+        """``traj``'s images in block order, checked against ``traj.images`` and the
+        placeholder ids of its tokens."""
+        where = f"example {traj.example_id} (sample {traj.sample_index})"
+        images = []
+        for i, j, value in image_parts(traj.messages):
+            part = f"{where}: message {i + 1} part {j + 1}"
+            if isinstance(value, str) and value.startswith("sha256:"):
+                key = value.removeprefix("sha256:")
+                if stored is None or key not in stored:
+                    raise ImageError(
+                        f"{part} names image {key[:12]}... whose pixels are not at hand (a run "
+                        "keeps them in images.parquet beside its trajectories)"
+                    )
+                value = stored[key]
+            images.append(load_image(value, part))
+        if len(images) != len(traj.images):
+            raise ImageError(
+                f"{where}: its messages hold {len(images)} images but the trajectory "
+                f"recorded {len(traj.images)}"
+            )
+        for k, (image, key) in enumerate(zip(images, traj.images, strict=True)):
+            if image_hash(image) != key:
+                raise ImageError(
+                    f"{where}: image {k + 1} of its messages is not the one it was sampled "
+                    f"with (hash {key[:12]}...)"
+                )
+        found = (traj.prompt_ids + traj.completion_ids).count(self.image_token_id)
+        if found != len(images) * self.tokens_per_image:
+            raise ImageError(
+                f"{where}: its ids hold {found} image placeholder ids, but {len(images)} "
+                f"images take {len(images) * self.tokens_per_image} "
+                f"({self.tokens_per_image} each)"
+            )
+        return images
+
+    def _processed(self, key: str, image: Any) -> tuple[Tensor, Tensor | None]:
+        """``([n, C, H, W], [n, H, W] | None)`` of one image (n > 1 when the processor
+        splits it into tiles), cached by hash."""
+        hit = self._cache.get(key)
+        if hit is not None:
+            return hit
+        out = self.image_processor(images=[[image]], return_tensors="pt")
+        value = out["pixel_values"].reshape(-1, *out["pixel_values"].shape[-3:]).float()
+        mask = out.get("pixel_attention_mask")
+        if mask is not None:
+            mask = mask.reshape(-1, *mask.shape[-2:]).long()
+        self._cache.put(key, (value, mask))
+        return value, mask
+
+
+def _stacked(values: list[Tensor], masks: list[Tensor | None]) -> tuple[Tensor, Tensor | None]:
+    """One ``[K, C, H, W]`` tensor (and mask) from per-image tensors, zero-padded to the
+    largest height and width, the padding masked out (what the processor does for a batch)."""
+    height = max(v.shape[-2] for v in values)
+    width = max(v.shape[-1] for v in values)
+    total = sum(v.shape[0] for v in values)
+    out = torch.zeros((total, values[0].shape[1], height, width), dtype=torch.float32)
+    with_mask = any(m is not None for m in masks) or any(
+        v.shape[-2:] != (height, width) for v in values
+    )
+    mask = torch.zeros((total, height, width), dtype=torch.long) if with_mask else None
+    row = 0
+    for value, own in zip(values, masks, strict=True):
+        n, _, h, w = value.shape
+        out[row : row + n, :, :h, :w] = value
+        if mask is not None:
+            mask[row : row + n, :h, :w] = 1 if own is None else own
+        row += n
+    return out, mask
