@@ -15,6 +15,17 @@ agree to float tolerance. Decoder classifiers pool the last token that is not
 earlier position, so it is refused with an error. With ``max_length`` set, longer inputs
 are cut from the left (the completion's end is kept); without it, an input longer than
 the model's positions is an error.
+
+Images: when the directory also holds a processor with an image processor (Gemma3's,
+say: ``AutoModelForSequenceClassification`` maps ``gemma3`` to a classifier that takes
+``pixel_values``), ``input="chat"`` renders with the processor's chat template, one
+placeholder per image part, loads the sample's images in order and lets the processor
+expand the placeholders and build each batch (``loomrl.rewards.vision_inputs``). Batching,
+right padding, pooling checks and order are as above; samples without images work too.
+An image that does not load is an ``ImageError`` naming the sample, message and part;
+an input with images longer than ``max_length`` is refused, never cut. A text-only
+model given a sample with images in ``"chat"`` mode raises instead of dropping them;
+``"completion"`` and callable inputs are text by choice and never carry images.
 """
 
 from __future__ import annotations
@@ -25,7 +36,9 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any, Literal
 
+from loomrl.rewards import vision_inputs as vision
 from loomrl.rewards.base import RewardSample
+from loomrl.rewards.vision_inputs import VisionInput
 
 InputMode = Literal["chat", "completion"] | Callable[[RewardSample], str]
 
@@ -66,11 +79,16 @@ class RewardModel:
         model = AutoModelForSequenceClassification.from_pretrained(
             path, local_files_only=True, **kwargs
         )
-        config = model.config
-        self.label_index = _label_index(path, config.num_labels, label_index)
-        tokenizer = AutoTokenizer.from_pretrained(path, local_files_only=True)
+        self.label_index = _label_index(path, model.config.num_labels, label_index)
+        config = model.config.get_text_config()  # what the classifier reads its pad id from
+        self.processor = vision.load_processor(path)  # None for a text-only model
+        if self.processor is not None:
+            tokenizer = self.processor.tokenizer
+        else:
+            tokenizer = AutoTokenizer.from_pretrained(path, local_files_only=True)
         tokenizer.truncation_side = "left"  # keep the end of over-long inputs
-        if input == "chat" and not tokenizer.chat_template:
+        template = (self.processor if self.processor is not None else tokenizer).chat_template
+        if input == "chat" and not template:
             raise ValueError(
                 f"reward model {str(path)!r} has no chat template; pass input='completion' "
                 "or a function of the sample"
@@ -88,14 +106,27 @@ class RewardModel:
         self.max_positions: int | None = getattr(config, "max_position_embeddings", None)
         self._lock = threading.Lock()  # one forward pass at a time per model
 
+    @property
+    def sees_images(self) -> bool:
+        """Whether samples' images reach the model (a processor and ``input="chat"``)."""
+        return self.processor is not None and self.input == "chat"
+
     async def __call__(self, samples: Sequence[RewardSample]) -> list[float]:
-        texts = [self.render(s) for s in samples]
+        if self.sees_images:  # image decoding blocks too: all of it off the loop
+            return await asyncio.to_thread(
+                lambda: self.score_inputs([self.render_input(s, i) for i, s in enumerate(samples)])
+            )
+        texts = [self.render(s, i) for i, s in enumerate(samples)]
         special = self.input != "chat"  # a chat template writes its own special tokens
         return await asyncio.to_thread(self.score_texts, texts, add_special_tokens=special)
 
-    def render(self, sample: RewardSample) -> str:
-        """The text the classifier reads for ``sample``."""
+    def render(self, sample: RewardSample, index: int = 0) -> str:
+        """The text the classifier reads for ``sample`` (``index`` names it in errors);
+        a vision model's text holds one placeholder per image."""
+        if self.sees_images:
+            return self.render_input(sample, index).text
         if self.input == "chat":
+            vision.refuse_images(self.path, sample, index)
             return self.tokenizer.apply_chat_template(sample.conversation(), tokenize=False)
         if self.input == "completion":
             return sample.completion
@@ -105,8 +136,6 @@ class RewardModel:
         """Scores of ``texts`` in order (blocking; ``__call__`` runs it in a thread)."""
         import torch
 
-        if not texts:
-            return []
         encoded = [
             self.tokenizer(
                 text,
@@ -116,29 +145,64 @@ class RewardModel:
             )["input_ids"]
             for text in texts
         ]
+
+        def batch(rows: list[int]) -> dict[str, Any]:
+            width = max(len(encoded[i]) for i in rows)
+            input_ids = torch.full((len(rows), width), self._pad_id, dtype=torch.long)
+            attention_mask = torch.zeros((len(rows), width), dtype=torch.long)
+            for row, i in enumerate(rows):  # right padding: see the module docstring
+                input_ids[row, : len(encoded[i])] = torch.tensor(encoded[i])
+                attention_mask[row, : len(encoded[i])] = 1
+            return {"input_ids": input_ids, "attention_mask": attention_mask}
+
+        return self._score(encoded, batch)
+
+    def render_input(self, sample: RewardSample, index: int = 0) -> VisionInput:
+        """A vision model's input for ``sample``: placeholder text and loaded images."""
+        if self.processor is None:
+            raise ValueError(f"reward model {str(self.path)!r} has no image processor")
+        return vision.render(self.processor, sample, index)
+
+    def score_inputs(self, inputs: Sequence[VisionInput]) -> list[float]:
+        """Scores of rendered vision inputs in order (blocking; see ``vision_inputs``)."""
+        if self.processor is None:
+            raise ValueError(f"reward model {str(self.path)!r} has no image processor")
+        processor, max_length = self.processor, self.max_length
+        encoded = vision.encode(processor, inputs, max_length)
+
+        def batch(rows: list[int]) -> dict[str, Any]:
+            chosen, expected = [inputs[i] for i in rows], [encoded[i] for i in rows]
+            return vision.collate(processor, chosen, expected, self._pad_id, max_length)
+
+        return self._score(encoded, batch)
+
+    def _score(
+        self, encoded: list[list[int]], batch: Callable[[list[int]], dict[str, Any]]
+    ) -> list[float]:
+        """Check ``encoded``, then score length-sorted batches (``batch(rows)`` gives the
+        model's keyword arguments) and put the scores back in input order."""
+        import torch
+
+        if not encoded:
+            return []
         self._check(encoded)
-        order = sorted(range(len(texts)), key=lambda i: len(encoded[i]))
-        scores: list[float] = [0.0] * len(texts)
+        order = sorted(range(len(encoded)), key=lambda i: len(encoded[i]))
+        scores: list[float] = [0.0] * len(encoded)
+        dtype = self.model.dtype
         with self._lock, torch.inference_mode():
             for start in range(0, len(order), self.batch_size):
                 rows = order[start : start + self.batch_size]
-                width = max(len(encoded[i]) for i in rows)
-                input_ids = torch.full((len(rows), width), self._pad_id, dtype=torch.long)
-                attention_mask = torch.zeros((len(rows), width), dtype=torch.long)
-                for row, i in enumerate(rows):  # right padding: see the module docstring
-                    input_ids[row, : len(encoded[i])] = torch.tensor(encoded[i])
-                    attention_mask[row, : len(encoded[i])] = 1
-                out = self.model(
-                    input_ids=input_ids.to(self.device),
-                    attention_mask=attention_mask.to(self.device),
-                )
-                logits = out.logits[:, self.label_index].float().cpu()
+                kwargs = {
+                    key: value.to(self.device, dtype if value.is_floating_point() else None)
+                    for key, value in batch(rows).items()
+                }
+                logits = self.model(**kwargs).logits[:, self.label_index].float().cpu()
                 for i, value in zip(rows, logits.tolist(), strict=True):
                     scores[i] = value
         return scores
 
     def _check(self, encoded: list[list[int]]) -> None:
-        pad = self.model.config.pad_token_id
+        pad = self.model.config.get_text_config().pad_token_id
         for i, ids in enumerate(encoded):
             if not ids:
                 raise ValueError(f"reward model input {i} is empty after tokenization")

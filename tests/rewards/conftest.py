@@ -1,5 +1,6 @@
-"""Fixtures for the reward tests: a tiny random sequence classifier saved to disk and a
-real HTTP reward server on loopback (the tokenizer and engines come from tests/conftest)."""
+"""Fixtures for the reward tests: tiny random sequence classifiers saved to disk (a text
+one, and a Gemma3 one with a processor that sees images) and a real HTTP reward server on
+loopback (the tokenizer and engines come from tests/conftest)."""
 
 from __future__ import annotations
 
@@ -17,6 +18,9 @@ from typing import Any
 import pytest
 import torch
 from transformers import LlamaConfig, LlamaForSequenceClassification
+from vision_classifier import build_vision_classifier
+
+from loomrl.models import DEFAULT_MODEL, resolve
 
 # -- a tiny sequence classifier ------------------------------------------------------------
 
@@ -75,6 +79,12 @@ def make_classifier(tmp_path_factory, tokenizer) -> Callable[..., Path]:
         )
 
     return make
+
+
+@pytest.fixture(scope="session")
+def vision_classifier_dir(tmp_path_factory) -> Path:
+    out = tmp_path_factory.mktemp("vision-rm-seed0")
+    return build_vision_classifier(out, resolve(DEFAULT_MODEL), seed=0)
 
 
 # -- a real HTTP reward server on 127.0.0.1 ------------------------------------------------
