@@ -1,10 +1,11 @@
 """An engine replica in a Ray actor, behind the ``Engine`` protocol: ``RayEngine``.
 
 The actor builds its engine itself (``make()``, e.g. a ``VLLMEngine`` on the GPU Ray gave
-it) and serves ``generate``, ``abort``, ``update_weights``, ``score`` and a health ping as
-async actor methods, so many requests run in it at once. A ``RayEngine`` joins an
-``EnginePool`` like any engine: a dead actor raises ``EngineUnavailable`` (the pool fails
-its requests over to another replica and retires it), ``health()`` pings it.
+it) and serves ``generate`` (with images, for a vision model's engine), ``abort``,
+``update_weights``, ``score`` and a health ping as async actor methods, so many requests
+run in it at once. A ``RayEngine`` joins an ``EnginePool`` like any engine: a dead actor
+raises ``EngineUnavailable`` (the pool fails its requests over to another replica and
+retires it), ``health()`` pings it.
 
 Weights reach the actors through Ray's object store: ``update_weights`` puts a state dict
 there once, however many replicas take it (on one machine the store is shared memory).
@@ -20,6 +21,7 @@ import functools
 import os
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 from loomrl.distributed.cluster import (
@@ -41,21 +43,30 @@ class EngineActor:
         self._make = make
         self._engine: Any = None
 
-    async def start(self) -> dict[str, int]:
+    async def start(self) -> dict[str, Any]:
         """Build the engine (inside the actor's event loop, as vLLM wants) and describe it."""
         if self._engine is None:
             self._engine = self._make()
         engine = self._engine
+        path = getattr(engine, "model_path", None)
         return {
             "max_model_len": engine.max_model_len,
             "vocab_size": engine.vocab_size,
             "policy_version": engine.policy_version,
             "pid": os.getpid(),
+            "vision": bool(getattr(engine, "vision", False)),
+            "model_path": None if path is None else str(path),
         }
 
     async def generate(
-        self, prompt_ids: list[int], params: SamplingParams, request_id: str | None
+        self,
+        prompt_ids: list[int],
+        params: SamplingParams,
+        request_id: str | None,
+        images: list[Any] | None = None,
     ) -> Completion:
+        if images:  # only then: an engine without vision takes no such argument
+            return await self._engine.generate(prompt_ids, params, request_id, images=images)
         return await self._engine.generate(prompt_ids, params, request_id)
 
     async def abort(self, request_ids: list[str] | None) -> list[str]:
@@ -98,7 +109,7 @@ class RayEngine:
     def __init__(
         self,
         actor: Any,
-        info: Mapping[str, int],
+        info: Mapping[str, Any],
         *,
         name: str,
         tokenizer: Any = None,
@@ -110,6 +121,10 @@ class RayEngine:
         self._vocab_size = int(info["vocab_size"])
         self._policy_version = int(info["policy_version"])
         self.pid = int(info["pid"])
+        self.vision = bool(info.get("vision", False))
+        """Whether the actor's model takes images (the rollout then renders with its
+        processor, from ``model_path``: the same path here as in the actor)."""
+        self.model_path = None if info.get("model_path") is None else Path(info["model_path"])
         self.name = name
         self._tokenizer = tokenizer
         self._placement = placement
@@ -150,15 +165,23 @@ class RayEngine:
         return self._actor
 
     async def generate(
-        self, prompt_ids: Sequence[int], params: SamplingParams, request_id: str | None = None
+        self,
+        prompt_ids: Sequence[int],
+        params: SamplingParams,
+        request_id: str | None = None,
+        *,
+        images: Sequence[Any] | None = None,
     ) -> Completion:
+        """``images`` (PIL images: Ray pickles them to the actor) reach the actor's engine
+        with the ids; without them its engine is called as a text-only engine."""
         if self._closed:
             raise RuntimeError(f"{self.name} is closed")
         key = request_id or ""
         if request_id is not None:
             self._in_flight.add(request_id)
+        sent = list(images) if images else None
         try:
-            return await self._call("generate", list(prompt_ids), params, request_id)
+            return await self._call("generate", list(prompt_ids), params, request_id, sent)
         finally:
             self._in_flight.discard(key)
 

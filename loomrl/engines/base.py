@@ -18,6 +18,9 @@ class Engine(Protocol):
     """What the rollout layer needs from an inference backend.
 
     ``generate`` takes token ids and returns token ids with the sampling logprob of each.
+    An engine for a vision-language model also takes keyword ``images`` (PIL images, in
+    the order of their blocks in the ids); callers pass it only when there are images, so
+    text-only engines need not take it, and wrappers forward it the same way.
     ``abort`` ends in-flight requests; their ``generate`` calls return with
     ``finish_reason="abort"`` and the tokens produced so far (when the backend keeps them).
     """

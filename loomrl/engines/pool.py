@@ -10,8 +10,8 @@ count. Then the request goes to the least-loaded replica and the key moves with 
 without ``:`` have no affinity. The key map is an LRU of ``affinity_capacity`` keys.
 
 Failover: a replica whose ``generate`` raises ``ConnectionError`` (``EngineUnavailable``
-among them) or ``TimeoutError`` is retired, and the same prompt ids, params and request id
-go to another healthy replica: the trajectory keeps every token it had and the lost piece
+among them) or ``TimeoutError`` is retired, and the same prompt ids, images, params and
+request id go to another healthy replica: the trajectory keeps every token it had and the lost piece
 is generated again; the caller gets exactly one ``Completion``, and the request is
 aborted on the replica it left (in the background), in case that one is only slow. Any
 other exception is the request's own and propagates. An aborted request is never failed
@@ -118,6 +118,16 @@ class EnginePool:
         return getattr(self._replicas[0].engine, "tokenizer", None)
 
     @property
+    def vision(self) -> bool:
+        """Whether the pool's model takes images (the rollout then renders its tokens
+        with the model's processor, from ``model_path``)."""
+        return bool(getattr(self._replicas[0].engine, "vision", False))
+
+    @property
+    def model_path(self) -> Any:
+        return getattr(self._replicas[0].engine, "model_path", None)
+
+    @property
     def replicas(self) -> list[Replica]:
         return list(self._replicas)
 
@@ -127,17 +137,26 @@ class EnginePool:
 
     # -- generation ----------------------------------------------------------------------
     async def generate(
-        self, prompt_ids: Sequence[int], params: SamplingParams, request_id: str | None = None
+        self,
+        prompt_ids: Sequence[int],
+        params: SamplingParams,
+        request_id: str | None = None,
+        *,
+        images: Sequence[Any] | None = None,
     ) -> Completion:
+        """``images`` go to the replica with the ids (and again with them on a failover);
+        without images the replica is called without the argument, so replicas that take
+        none (text-only engines) still serve text requests."""
         request_id = request_id or f"pool-{next(self._ids)}"
         key = affinity_key(request_id)
+        extra = {"images": list(images)} if images else {}
         try:
             while True:
                 replica = self._route(key)
                 replica.outstanding += 1
                 self._where[request_id] = replica
                 try:
-                    out = await replica.engine.generate(prompt_ids, params, request_id)
+                    out = await replica.engine.generate(prompt_ids, params, request_id, **extra)
                 except FAILOVER_ERRORS as exc:
                     self._retire(replica, f"generate raised {type(exc).__name__}: {exc}")
                     self._abandon(replica, request_id)

@@ -8,11 +8,15 @@ generation, and ``abort`` keeps the tokens received before it. Sampling maps
 ``SamplingParams`` fully and pins every other knob to vLLM's neutral value, so a model's
 ``generation_config.json`` defaults on the server cannot change the behaviour policy.
 
+Requests with images (a vision-language model) go to ``/inference/v1/generate``
+instead, token-exact as ``VLLMEngine``'s (``remote_images``).
+
 The server should be started by ``loomrl serve`` (``loomrl.engines.serve``): it serves
 ``processed_logprobs`` as ``VLLMEngine`` does, mixes loomrl's weight loader into the
-workers and turns on the RL routes (``VLLM_SERVER_DEV_MODE=1``) that ``update_weights``
-needs. ``await engine.check()`` (done by ``async with`` and by the first ``generate``)
-fetches the context length and refuses a server that serves another model or tokenizer.
+workers, turns on the RL routes (``VLLM_SERVER_DEV_MODE=1``) that ``update_weights``
+needs and the generate route (``--enable-scale-out``) that images need.
+``await engine.check()`` (done by ``async with`` and by the first ``generate``) fetches
+the context length and refuses a server that serves another model or tokenizer.
 
 Weights travel through a shared filesystem: ``update_weights`` writes a safetensors file
 to ``/dev/shm`` and asks the server (``/collective_rpc`` ``loomrl_load_weights``) to read
@@ -31,11 +35,19 @@ import tempfile
 import time
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from loomrl.engines.base import EngineUnavailable, check_prompt, tokens_left
 from loomrl.engines.remote_check import ServerModel, identify
 from loomrl.engines.remote_http import HttpSession, RemoteEngineError
+from loomrl.engines.remote_images import (
+    GENERATE,
+    ImageRequests,
+    read_choice,
+    read_completion_choice,
+    scale_out_hint,
+)
 from loomrl.types import Completion, SamplingParams
 
 if TYPE_CHECKING:
@@ -99,6 +111,7 @@ class RemoteEngine:
         self._in_flight: dict[str, _Pending] = {}
         self._closed = False
         self._tokenizer: Any = None
+        self._images: ImageRequests | None = None
 
     # -- what the rollout layer reads -------------------------------------------------
 
@@ -117,6 +130,19 @@ class RemoteEngine:
     @property
     def policy_version(self) -> int:
         return self._policy_version
+
+    @property
+    def vision(self) -> bool:
+        """Whether the served model takes images (known from the run's model directory)."""
+        from loomrl.models import is_vision
+
+        path = self._known().local_dir
+        return path is not None and is_vision(path)
+
+    @property
+    def model_path(self) -> Path | None:
+        """The run's local model directory (where the rollout finds the processor)."""
+        return self._known().local_dir
 
     @property
     def in_flight(self) -> int:
@@ -181,21 +207,35 @@ class RemoteEngine:
     # -- generation -------------------------------------------------------------------
 
     async def generate(
-        self, prompt_ids: Sequence[int], params: SamplingParams, request_id: str | None = None
+        self,
+        prompt_ids: Sequence[int],
+        params: SamplingParams,
+        request_id: str | None = None,
+        *,
+        images: Sequence[Any] | None = None,
     ) -> Completion:
+        """``images`` (PIL images, in the order of their blocks in ``prompt_ids``) for a
+        vision-language model go to ``/inference/v1/generate`` (see ``remote_images``);
+        they are checked against the ids before anything is sent."""
         if self._closed:
             raise RuntimeError("RemoteEngine is closed")
         server = await self.check()
         check_prompt(prompt_ids, server.vocab_size, server.max_model_len)
         request_id = request_id or f"loomrl-{next(self._counter)}"
+        if images:
+            server_images = self._images or ImageRequests(self.url, server)
+            self._images = server_images  # the model's image block, loaded once
+            body = server_images.body(prompt_ids, images, params, request_id, NEUTRAL)
+            path = GENERATE
+        else:
+            body, path = self.request_body(prompt_ids, params), "/v1/completions"
         if self._updating is not None:  # wait for the new weights, then stamp with them
             await self._updating.wait()
         version = self._policy_version  # a weight update aborts every request in flight
-        body = self.request_body(prompt_ids, params)
         pending = _Pending()
         self._in_flight[request_id] = pending
         try:
-            pending.task = asyncio.create_task(self._stream(body, request_id, pending))
+            pending.task = asyncio.create_task(self._stream(path, body, request_id, pending))
             await asyncio.wait({pending.task})
             if not pending.task.cancelled():
                 pending.task.result()  # raise what the stream raised
@@ -244,23 +284,26 @@ class RemoteEngine:
             **NEUTRAL,
         }
 
-    async def _stream(self, body: dict[str, Any], request_id: str, pending: _Pending) -> None:
+    async def _stream(
+        self, path: str, body: dict[str, Any], request_id: str, pending: _Pending
+    ) -> None:
         headers = {"X-Request-Id": request_id}
-        async for event in self._http.stream_events("/v1/completions", body, headers):
-            for choice in event.get("choices", ()):
-                ids = choice.get("token_ids") or []
-                logprobs = (choice.get("logprobs") or {}).get("token_logprobs") or []
-                if len(ids) != len(logprobs):
-                    raise RemoteEngineError(
-                        f"vLLM server at {self.url} sent {len(ids)} token ids with "
-                        f"{len(logprobs)} logprobs for {request_id!r}"
-                    )
-                pending.token_ids += ids
-                pending.logprobs += [float(lp) for lp in logprobs]
-                pending.text.append(choice.get("text") or "")
-                if choice.get("finish_reason") is not None:
-                    pending.finish_reason = choice["finish_reason"]
-                    pending.stop_reason = choice.get("stop_reason")
+        read = read_choice if path == GENERATE else read_completion_choice
+        with scale_out_hint(self.url, path):
+            async for event in self._http.stream_events(path, body, headers):
+                for choice in event.get("choices", ()):
+                    ids, logprobs, text = read(choice)
+                    if len(ids) != len(logprobs):
+                        raise RemoteEngineError(
+                            f"vLLM server at {self.url} sent {len(ids)} token ids with "
+                            f"{len(logprobs)} logprobs for {request_id!r}"
+                        )
+                    pending.token_ids += ids
+                    pending.logprobs += logprobs
+                    pending.text.append(text)
+                    if choice.get("finish_reason") is not None:
+                        pending.finish_reason = choice["finish_reason"]
+                        pending.stop_reason = choice.get("stop_reason")
 
     async def abort(self, request_ids: str | Iterable[str] | None = None) -> list[str]:
         """End the given requests now: their streams are closed (vLLM aborts a request

