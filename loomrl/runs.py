@@ -35,6 +35,7 @@ SEGMENT_TYPE = pa.struct(
         ("span_versions", pa.list_(pa.int64())),
         ("finish_reasons", pa.list_(pa.string())),
         ("span_temperatures", pa.list_(pa.float64())),
+        ("images", pa.list_(pa.string())),
     ]
 )
 
@@ -116,7 +117,7 @@ def _segment_row(segment: Trajectory) -> dict[str, Any]:
         "span_starts": [start for start, _ in segment.spans],
         "span_ends": [end for _, end in segment.spans],
         "span_versions": segment.span_versions, "finish_reasons": segment.finish_reasons,
-        "span_temperatures": segment.span_temperatures,
+        "span_temperatures": segment.span_temperatures, "images": segment.images,
     }  # fmt: skip
 
 
@@ -128,8 +129,29 @@ def write_trajectories(path: Path, trajs: Sequence[Trajectory]) -> None:
     tmp.replace(path)
     images = _images_of(trajs)
     if images:
-        side = path.with_name("images.parquet")
-        pq.write_table(pa.Table.from_pylist(images, schema=IMAGE_SCHEMA), side)
+        _add_images(path.with_name("images.parquet"), images)
+
+
+def _add_images(side: Path, images: list[dict[str, Any]]) -> None:
+    """Add ``images`` to the side table ``side`` (written atomically): the trajectory files
+    of a run's steps share one, so what earlier files refer to stays."""
+    table = pa.Table.from_pylist(images, schema=IMAGE_SCHEMA)
+    if side.is_file():
+        old = pq.read_table(side, schema=IMAGE_SCHEMA)
+        known = set(old.column("hash").to_pylist())
+        new = [row for row in images if row["hash"] not in known]
+        if not new:
+            return
+        table = pa.concat_tables([old, pa.Table.from_pylist(new, schema=IMAGE_SCHEMA)])
+    tmp = side.with_suffix(".parquet.tmp")
+    pq.write_table(table, tmp)
+    tmp.replace(side)
+
+
+def load_images(path: Path | str) -> dict[str, bytes]:
+    """A run's ``images.parquet`` as ``{hash: PNG bytes}``: what the ``sha256:HASH``
+    references in its trajectories' messages name (``PixelEncoder.encode(stored=...)``)."""
+    return {row["hash"]: row["png"] for row in pq.read_table(path).to_pylist()}
 
 
 def _messages_json(messages: list[dict[str, Any]]) -> str:
@@ -277,7 +299,7 @@ def _segment(row: Mapping[str, Any], i: int, k: int, seg: dict[str, Any]) -> Tra
         completion_ids=seg["completion_ids"], logprobs=seg["logprobs"],
         loss_mask=seg["loss_mask"], messages=messages, spans=spans, span_versions=versions,
         finish_reasons=seg["finish_reasons"] or [], turns=seg["turns"] or 0,
-        span_temperatures=seg["span_temperatures"] or [],
+        span_temperatures=seg["span_temperatures"] or [], images=seg.get("images") or [],
         reward=row["reward"],
     )  # fmt: skip
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import math
+import shutil
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -29,6 +30,7 @@ TOKEN_VALUES = ("advantages", "returns")  # per completion token, from the estim
 _COLUMNS = (
     "example_id", "group_id", "sample_index", "env", "prompt_ids", "completion_ids",
     "logprobs", "loss_mask", *TOKEN_VALUES, "reward", "status", "policy_version",
+    "images",  # pixel hashes, in block order: the pixels are in images.parquet beside it
 )  # fmt: skip
 # Columns files written before them lack; readers fill them in (see load_trajectories).
 OPTIONAL_COLUMNS = ("span_starts", "span_ends", "span_versions", "finish_reasons")
@@ -178,6 +180,9 @@ def run_experience(
     tmp = path.with_suffix(".parquet.tmp")
     pq.write_table(experience_table(exp), tmp)
     tmp.replace(path)
+    images = run_dir / "images.parquet"
+    if images.is_file() and target.resolve() != run_dir.resolve():
+        shutil.copyfile(images, target / "images.parquet")  # what the hashes refer to
     stats = {"source": str(source), **exp.stats}
     (target / "experience_stats.json").write_text(json.dumps(stats, indent=2) + "\n")
     return path, stats

@@ -237,6 +237,13 @@ def to_trl(trajs: Sequence[Trajectory], filler_id: int) -> dict[str, list]:
                 f"of {len(traj.segments) + 1} segments (its harness rewrote its history); "
                 "TRL takes one completion per prompt: train forked episodes with loomrl train"
             )
+        if traj.images:
+            raise ValueError(
+                f"example {traj.example_id} (sample {traj.sample_index}) shows "
+                f"{len(traj.images)} images; TRL's rollout output carries token ids only, "
+                "so its trainer would score them without the pictures: train vision-language "
+                "episodes with loomrl train"
+            )
         scored = traj.status in SCORED
         completion = traj.completion_ids or [filler_id]
         out["prompt_ids"].append(list(traj.prompt_ids) or [filler_id])

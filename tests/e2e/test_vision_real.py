@@ -1,12 +1,14 @@
 """Images on real vLLM: the shapes env on smolvlm-tiny, one and two turns (a wrong answer
-gets a new image). Each trajectory's ids are the processor's rendering of its messages,
-one image block per image and its hash in order, logprobs on every sampled token; the
-run's Parquet files keep the images once, by hash."""
+gets a new image). Each trajectory meets the token contract with images
+(tests/contract.py: ids that are the processor's rendering of its messages, one image
+block per image and its hash in order, logprobs on every sampled token); the run's
+Parquet files keep the images once, by hash."""
 
 from __future__ import annotations
 
 import pyarrow.parquet as pq
 import pytest
+from contract import check_contract
 
 import loomrl
 from loomrl.envs.shapes import ShapesEnv
@@ -46,6 +48,7 @@ async def test_shapes_on_a_vision_model_keep_the_token_contract(vision_engine, t
         assert len(block_starts(full, chat)) == len(shown) == len(traj.images) >= 1
         assert traj.images == [image_hash(image) for image in shown]
         assert verify(chat, traj.messages, full).ok  # the processor's ids, blocks included
+        check_contract(chat.tokenizer, chat, traj, stop_ids=chat.end_of_turn_ids)
         model = [lp for lp, bit in zip(traj.logprobs, traj.loss_mask, strict=True) if bit]
         assert len(model) == traj.num_completion_tokens and all(lp <= 0 for lp in model)
     if turns == 2:

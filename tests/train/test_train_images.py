@@ -201,3 +201,57 @@ async def test_train_runs_steps_on_the_shapes_env(tmp_path, model_dir, chat):
     assert PixelEncoder.for_model(saved) is not None
     stored = json.loads((tmp_path / "run" / "metrics.jsonl").read_text().splitlines()[-1])
     assert stored["policy_version"] == 3
+
+
+def test_a_forked_episodes_segment_images_round_trip_through_parquet(tmp_path, chat, images):
+    from dataclasses import replace
+
+    from loomrl.runs import load_images, load_trajectories, write_trajectories
+
+    earlier = trajectory(chat, [(shown(RED), "Answer: 2"), (shown(BLUE), "Answer: 3")])
+    last = trajectory(chat, [(shown(GREEN, "Again?"), "Answer: 1")])
+    episode = replace(last, segments=[earlier])
+    write_trajectories(tmp_path / "t.parquet", [episode])
+    (back,) = load_trajectories(tmp_path / "t.parquet")
+    assert [s.images for s in back.all_segments()] == [earlier.images, last.images]
+    stored = load_images(tmp_path / "images.parquet")
+    assert set(stored) == {*earlier.images, *last.images}
+    fresh = images.encode(episode.all_segments())
+    again = images.encode(back.all_segments(), stored=stored)  # from the run's side table
+    assert again.counts.tolist() == [2, 1] and torch.equal(again.values, fresh.values)
+
+
+def test_trl_refuses_episodes_with_images(chat):
+    from loomrl.integrations.trl import to_trl
+
+    with pytest.raises(ValueError, match=r"example 0 \(sample 0\) shows 2 images; TRL.s rollout"):
+        to_trl(episodes(chat), filler_id=0)
+
+
+def test_trajectory_files_of_a_run_share_one_image_table(tmp_path, chat):
+    """Each step's file adds its images to images.parquet; earlier steps' stay."""
+    from loomrl.runs import load_images, write_trajectories
+
+    first = trajectory(chat, [(shown(RED), "Answer: 2")])
+    second = trajectory(chat, [(shown(BLUE), "Answer: 2")])
+    write_trajectories(tmp_path / "step-1.parquet", [first])
+    write_trajectories(tmp_path / "step-2.parquet", [second, first])
+    stored = load_images(tmp_path / "images.parquet")
+    assert sorted(stored) == sorted([*first.images, *second.images])
+
+
+def test_experience_files_keep_the_image_hashes_and_their_pixels(tmp_path, chat):
+    import pyarrow.parquet as pq
+
+    from loomrl.experience.files import run_experience
+    from loomrl.runs import load_images, write_trajectories
+
+    trajs = episodes(chat)
+    (tmp_path / "run").mkdir()
+    write_trajectories(tmp_path / "run" / "trajectories.parquet", trajs)
+    path, _ = run_experience(tmp_path / "run", "grpo", out=tmp_path / "exp")
+    rows = pq.read_table(path).to_pylist()
+    assert [r["images"] for r in rows] == [t.images for t in trajs]
+    assert set(load_images(tmp_path / "exp" / "images.parquet")) == {
+        h for t in trajs for h in t.images
+    }
