@@ -44,7 +44,7 @@ DOCUMENTED_COLUMNS = [
         "logprobs: list<item: float>, loss_mask: list<item: int8>, messages: string, "
         "turns: int32, span_starts: list<item: int32>, span_ends: list<item: int32>, "
         "span_versions: list<item: int64>, finish_reasons: list<item: string>, "
-        "span_temperatures: list<item: double>>>",
+        "span_temperatures: list<item: double>, images: list<item: string>>>",
     ),
     ("span_temperatures", "list<item: double>"),
     ("images", "list<item: string>"),
