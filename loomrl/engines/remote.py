@@ -48,6 +48,7 @@ from loomrl.engines.remote_images import (
     read_completion_choice,
     scale_out_hint,
 )
+from loomrl.engines.remote_sampling import NEUTRAL, sampling_fields
 from loomrl.types import Completion, SamplingParams
 
 if TYPE_CHECKING:
@@ -55,10 +56,6 @@ if TYPE_CHECKING:
     import torch
 
 __all__ = ["EngineUnavailable", "RemoteEngine", "RemoteEngineError"]
-
-# Every sampling knob SamplingParams has no field for, at the value VLLMEngine uses.
-NEUTRAL = {"repetition_penalty": 1.0, "presence_penalty": 0.0, "frequency_penalty": 0.0,
-           "min_p": 0.0, "n": 1}  # fmt: skip
 
 
 @dataclass
@@ -225,7 +222,7 @@ class RemoteEngine:
         if images:
             server_images = self._images or ImageRequests(self.url, server)
             self._images = server_images  # the model's image block, loaded once
-            body = server_images.body(prompt_ids, images, params, request_id, NEUTRAL)
+            body = server_images.body(prompt_ids, images, params, request_id)
             path = GENERATE
         else:
             body, path = self.request_body(prompt_ids, params), "/v1/completions"
@@ -265,23 +262,11 @@ class RemoteEngine:
         return {
             "model": server.name,
             "prompt": list(prompt_ids),
-            "max_tokens": tokens_left(len(prompt_ids), params, server.max_model_len),
-            "temperature": params.temperature,
-            "top_p": params.top_p,
-            "top_k": params.top_k if params.top_k > 0 else 0,
-            "min_tokens": params.min_tokens,
-            "stop": list(params.stop),
-            "stop_token_ids": list(params.stop_token_ids),
-            "seed": params.seed,
-            "ignore_eos": params.ignore_eos,
-            "include_stop_str_in_output": True,
-            "skip_special_tokens": True,
+            **sampling_fields(params, tokens_left(len(prompt_ids), params, server.max_model_len)),
             "add_special_tokens": False,
-            "logprobs": 0,  # the sampled token's logprob only
             "return_token_ids": True,
             "stream": True,
             "stream_interval": self.stream_interval,
-            **NEUTRAL,
         }
 
     async def _stream(

@@ -20,6 +20,7 @@ from typing import Any
 
 from loomrl.engines.base import tokens_left
 from loomrl.engines.remote_check import ServerModel
+from loomrl.engines.remote_sampling import sampling_fields
 from loomrl.types import SamplingParams
 
 GENERATE = "/inference/v1/generate"
@@ -71,27 +72,13 @@ class ImageRequests:
         images: Sequence[Any],
         params: SamplingParams,
         request_id: str,
-        neutral: Mapping[str, Any],
     ) -> dict[str, Any]:
         """The ``/inference/v1/generate`` body: folded ids, the images as PNG data URLs,
         ``max_tokens`` counted from the expanded ids (the length the engine holds)."""
         from loomrl.vision.images import data_url
 
-        sampling = {
-            "max_tokens": tokens_left(len(prompt_ids), params, self.server.max_model_len),
-            "temperature": params.temperature,
-            "top_p": params.top_p,
-            "top_k": params.top_k if params.top_k > 0 else 0,
-            "min_tokens": params.min_tokens,
-            "stop": list(params.stop),
-            "stop_token_ids": list(params.stop_token_ids),
-            "seed": params.seed,
-            "ignore_eos": params.ignore_eos,
-            "include_stop_str_in_output": True,
-            "skip_special_tokens": True,
-            "logprobs": 0,  # the sampled token's logprob only
-            **neutral,
-        }
+        limit = tokens_left(len(prompt_ids), params, self.server.max_model_len)
+        sampling = sampling_fields(params, limit)
         return {
             "model": self.server.name,
             "request_id": request_id,
