@@ -135,7 +135,7 @@ def cmd_train(args: argparse.Namespace) -> int:
     from loomrl.rundir import check_new_run
     from loomrl.train.command import default_out, run_train
     from loomrl.train.config import extend_steps
-    from loomrl.train.loop import draw_tasks
+    from loomrl.train.loop import check_vision_training, draw_tasks
 
     config, extended_from = requested(args)
     if args.resume is None and config.out is not None:
@@ -146,6 +146,7 @@ def cmd_train(args: argparse.Namespace) -> int:
     if config.critic_model is not None:
         check_model(config.critic_model)
     check_estimator(config.estimator, config.estimator_options, with_values=config.critic)
+    check_vision_training(config)
     check_engine_args(config.engine_args, source)
     check_log_to(config, source)
     drawn = draw_tasks(config)  # every data problem stops here, before anything is written

@@ -59,8 +59,35 @@ def cap_messages(
             if cut:
                 message = {**message, "content": content}
                 total += cut
+        elif isinstance(content, list):  # an observation with images: cut its text only
+            parts, cut = _cap_parts(chat, content, max_tokens)
+            if cut:
+                message = {**message, "content": parts}
+                total += cut
         out.append(message)
     return out, total
+
+
+def _cap_parts(chat: ChatTokenizer, parts: list[Any], max_tokens: int) -> tuple[list[Any], int]:
+    """A multimodal message's text parts cut to ``max_tokens`` together, each in proportion
+    to its length; its images (and their placeholder blocks) are never cut."""
+    texts = [
+        i for i, p in enumerate(parts)
+        if isinstance(p, dict) and p.get("type") == "text" and isinstance(p.get("text"), str)
+    ]  # fmt: skip
+    if sum(len(parts[i]["text"].encode()) for i in texts) <= max_tokens:
+        return parts, 0
+    sizes = {i: len(chat.encode(parts[i]["text"])) for i in texts}
+    total = sum(sizes.values())
+    out, cut = list(parts), 0
+    if total <= max_tokens:
+        return out, 0
+    for i, size in sizes.items():
+        cap = max(1, max_tokens * size // total)
+        if size > cap:
+            text, k = cut_middle(chat, parts[i]["text"], cap)
+            out[i], cut = {**parts[i], "text": text}, cut + k
+    return out, cut
 
 
 def fit_messages(

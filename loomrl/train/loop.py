@@ -27,7 +27,7 @@ from loomrl.engines.replicas import engine_metrics, has_remote, open_engines
 from loomrl.envs import Environment
 from loomrl.envs import load as load_env
 from loomrl.experience.files import check_estimator
-from loomrl.models import resolve
+from loomrl.models import is_vision, resolve
 from loomrl.models.loading import load_lm, load_preprocessor, tokenizer_of
 from loomrl.producer import AsyncProducer, ProducerConfig, ReplayBuffer, SyncProducer, Task
 from loomrl.producer.metrics import producer_metrics
@@ -111,6 +111,7 @@ async def _train(
     if not resume:
         check_new_run(out, "train", overwrite=overwrite)
     check_estimator(config.estimator, config.estimator_options, with_values=config.critic)
+    check_vision_training(config)
     start, model_dir, learner_state, critic_state, adapter = (
         0,
         resolve(config.model),
@@ -155,11 +156,6 @@ async def _train(
     if learner_state is not None:
         learner.load_state_dict(learner_state)
     tokenizer = tokenizer_of(preprocessor)
-    if images is not None and (config.critic or config.lora is not None):
-        raise ValueError(
-            f"model {config.model!r} sees images: training it with a critic or LoRA is not "
-            "supported (train it fully, with an outcome estimator such as grpo)"
-        )
     shaper = Shaper(config, learner, images)
     if learner_state is not None:
         shaper.load_state_dict(learner_state.get("shaping", {}), start)
@@ -215,7 +211,7 @@ async def _train(
             started = time.perf_counter()
             groups = await producer.next_batch(step)
             if not groups:
-                raise RuntimeError(f"step {step + 1}: the tasks' datasets ran out of examples")
+                raise RuntimeError(_ran_out(step + 1, producer))
             flat = [t for g in groups for t in g.trajectories()]
             rollout_s = time.perf_counter() - started
             trajs = Rollouts(flat, compute_metrics(flat, config.n, rollout_s))
@@ -251,6 +247,17 @@ async def _train(
         await engine.close()
         buffer.close()
     return rows
+
+
+def check_vision_training(config: TrainConfig) -> None:
+    """Refuse a critic or LoRA over a vision-language model, before a model is loaded or
+    a file written (their value head and adapters do not handle pixels yet)."""
+    if (config.critic or config.lora is not None) and is_vision(resolve(config.model)):
+        used = "a critic" if config.critic else "LoRA"
+        raise ValueError(
+            f"model {config.model!r} sees images: training it with {used} is not "
+            "supported (train it fully, with an outcome estimator such as grpo)"
+        )
 
 
 def _open_buffer(out: Path, start: int) -> ReplayBuffer:
@@ -323,6 +330,21 @@ def _producer(
             first_tokens=config.first_tokens, fire_turns=config.fire_turns,
         ),
     )  # fmt: skip
+
+
+def _ran_out(step: int, producer: SyncProducer) -> str:
+    """Why step ``step`` got no groups: the examples ran out, which happens at once when
+    every group fails (e.g. a text-only model given an env's images), so the first failure
+    is named rather than left in the buffer's log."""
+    why = f"step {step}: the tasks' datasets ran out of examples"
+    failures = producer.failures
+    if not failures.records:
+        return why
+    first = failures.records[0]
+    return (
+        f"{why}, after production counted {failures.summary()}; the first "
+        f"({first.kind}, task {first.task}, group {first.group_id}): {first.message}"
+    )
 
 
 def _producer_row(buffer: ReplayBuffer) -> dict[str, float | int]:

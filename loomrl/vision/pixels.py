@@ -12,6 +12,7 @@ processing vLLM applied when it sampled, so recomputed logprobs see what the sam
 
 from __future__ import annotations
 
+from collections import OrderedDict
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -20,7 +21,6 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from loomrl.lru import LRUCache
 from loomrl.types import Trajectory
 from loomrl.vision.images import ImageError, image_hash, image_parts, load_image
 
@@ -71,13 +71,20 @@ class PixelEncoder:
         image_processor: Any,
         image_token_id: int,
         tokens_per_image: int,
-        cache_size: int = 512,
+        cache_bytes: int = 256 * 2**20,
     ) -> None:
         if tokens_per_image < 1:
             raise ValueError(f"tokens_per_image must be >= 1, got {tokens_per_image}")
+        if cache_bytes < 0:
+            raise ValueError(f"cache_bytes must be >= 0, got {cache_bytes}")
         self.image_processor = image_processor
         self.image_token_id, self.tokens_per_image = image_token_id, tokens_per_image
-        self._cache: LRUCache[str, tuple[Tensor, Tensor | None]] = LRUCache(cache_size)
+        # Bounded by bytes, not entries: one image of a tiling processor (SmolVLM's
+        # 4x4 tiles of 364 px plus a global one) is ~27 MB of float32 pixels, so a
+        # count-bounded cache of a few hundred would hold gigabytes.
+        self.cache_bytes = cache_bytes
+        self._cache: OrderedDict[str, tuple[Tensor, Tensor | None]] = OrderedDict()
+        self._cached_bytes = 0
 
     @classmethod
     def for_model(cls, model_dir: str | Path) -> PixelEncoder | None:
@@ -159,14 +166,36 @@ class PixelEncoder:
         splits it into tiles), cached by hash."""
         hit = self._cache.get(key)
         if hit is not None:
+            self._cache.move_to_end(key)
             return hit
         out = self.image_processor(images=[[image]], return_tensors="pt")
         value = out["pixel_values"].reshape(-1, *out["pixel_values"].shape[-3:]).float()
         mask = out.get("pixel_attention_mask")
         if mask is not None:
             mask = mask.reshape(-1, *mask.shape[-2:]).long()
-        self._cache.put(key, (value, mask))
+        self._remember(key, (value, mask))
         return value, mask
+
+    def _remember(self, key: str, entry: tuple[Tensor, Tensor | None]) -> None:
+        """Cache ``entry``, evicting the least recently used beyond ``cache_bytes``."""
+        size = _nbytes(entry)
+        if size > self.cache_bytes:
+            return
+        self._cache[key] = entry
+        self._cached_bytes += size
+        while self._cached_bytes > self.cache_bytes:
+            _, old = self._cache.popitem(last=False)
+            self._cached_bytes -= _nbytes(old)
+
+    @property
+    def cached_bytes(self) -> int:
+        """Bytes of processed pixels held by the cache (at most ``cache_bytes``)."""
+        return self._cached_bytes
+
+
+def _nbytes(entry: tuple[Tensor, Tensor | None]) -> int:
+    value, mask = entry
+    return value.nbytes + (0 if mask is None else mask.nbytes)
 
 
 def _stacked(values: list[Tensor], masks: list[Tensor | None]) -> tuple[Tensor, Tensor | None]:

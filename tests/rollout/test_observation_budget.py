@@ -117,3 +117,18 @@ async def test_invalid_budget_is_refused_before_generating(make_engine, budget):
     env = Verbose(budget=budget)
     with pytest.raises(ValueError, match="max_obs_tokens must be a positive integer"):
         await rollout(make_engine(lambda ids, p: "x"), env, [{"question": "Q0"}])
+
+
+def test_cap_messages_cuts_the_text_of_a_message_with_images(chat):
+    """max_obs_tokens applies to an observation that shows an image too (a screenshot and
+    its long text): the text parts share the budget, the image part is kept as it is."""
+    image = {"type": "image", "image": "sha256:" + "0" * 64}
+    message = {
+        "role": "user",
+        "content": [image, {"type": "text", "text": WORDS}, {"type": "text", "text": "ok"}],
+    }
+    (capped,), cut = cap_messages(chat, [message], 50)
+    parts = capped["content"]
+    assert cut > 3000 and parts[0] is image and parts[2] == {"type": "text", "text": "ok"}
+    assert "tokens cut" in parts[1]["text"] and parts[1]["text"].startswith("w0 w1")
+    assert message["content"][1]["text"] == WORDS  # the input is not modified

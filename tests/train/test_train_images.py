@@ -255,3 +255,60 @@ def test_experience_files_keep_the_image_hashes_and_their_pixels(tmp_path, chat)
     assert set(load_images(tmp_path / "exp" / "images.parquet")) == {
         h for t in trajs for h in t.images
     }
+
+
+def test_the_pixel_cache_is_bounded_by_bytes(chat, images):
+    """A tiling processor makes tens of MB per image: the cache counts bytes, not images,
+    and a hit is not processed again."""
+    calls = []
+
+    def processor(**kwargs):
+        calls.append(1)
+        return images.image_processor(**kwargs)
+
+    trajs = [trajectory(chat, [(shown(c), "Answer: 1")]) for c in (RED, GREEN, BLUE, YELLOW)]
+    one = images.encode(trajs[:1])
+    per_image = one.values[0].nbytes + (0 if one.mask is None else one.mask[0].nbytes)
+    small = PixelEncoder(processor, images.image_token_id, images.tokens_per_image, 2 * per_image)
+    fresh = small.encode(trajs)
+    assert len(calls) == 4 and small.cached_bytes == 2 * per_image
+    assert torch.equal(small.encode(trajs[2:]).values, fresh.values[2:]) and len(calls) == 4
+    small.encode(trajs[:1])  # evicted: processed again
+    assert len(calls) == 5 and small.cached_bytes == 2 * per_image
+    none = PixelEncoder(processor, images.image_token_id, images.tokens_per_image, 0)
+    assert torch.equal(none.encode(trajs).values, fresh.values) and none.cached_bytes == 0
+
+
+@pytest.mark.parametrize("kind", ["critic", "lora"])
+async def test_a_critic_or_lora_over_a_vision_model_is_refused_before_any_work(
+    tmp_path, model_dir, monkeypatch, kind
+):
+    from loomrl.train import loop
+
+    def no_load(*args, **kwargs):
+        raise AssertionError("a model was loaded before the refusal")
+
+    monkeypatch.setattr(loop, "load_lm", no_load)
+    extra = {"critic": True, "estimator": "gae"} if kind == "critic" else {"lora": {"r": 4}}
+    config = TrainConfig(model=str(model_dir), env="shapes", steps=1, **extra)
+    out, used = tmp_path / "run", "a critic" if kind == "critic" else "LoRA"
+    with pytest.raises(ValueError, match=f"sees images: training it with {used} is not"):
+        await train(config, out, make_engine=lambda *a: pytest.fail("engine started"))
+    assert not out.exists()
+
+
+async def test_a_text_model_on_an_env_with_images_names_the_failure(tmp_path, tokenizer):
+    """Every episode fails (the text token layer refuses image content) and the examples
+    run out at once: the error says why, not only that they ran out."""
+
+    def make(path, policy_version):
+        engine = ScriptedEngine(lambda ids, params: "Answer: 1", tokenizer=tokenizer)
+        engine.set_policy_version(policy_version)
+        return engine
+
+    config = TrainConfig(
+        model="tiny-random", env="shapes", steps=1, prompts_per_step=2, n=2, max_tokens=8,
+        max_len=256,
+    )  # fmt: skip
+    with pytest.raises(RuntimeError, match=r"ran out of examples, after .*error.*not text"):
+        await train(config, tmp_path / "run", make_engine=make)
