@@ -26,6 +26,7 @@ RUN_FILES = (
     *RUN_MARKERS, f"{BUFFER}-wal", f"{BUFFER}-shm", "report.md", "report.html",
     "experience.parquet",
     "experience_stats.json", "tensorboard", "wandb", RECORD, "eval",
+    "images",  # the side tables of trajectories.parquet and experience.parquet
 )  # fmt: skip
 
 

@@ -70,7 +70,7 @@ TRAJECTORY_SCHEMA = pa.schema(
         ("images", pa.list_(pa.string())),
     ]
 )
-#: ``images.parquet`` beside a run's trajectories: each image once, by its hash.
+#: A trajectories file's side table (``images_path``): each of its images once, by hash.
 IMAGE_SCHEMA = pa.schema(
     [("hash", pa.string()), ("png", pa.binary()), ("width", pa.int32()), ("height", pa.int32())]
 )
@@ -123,40 +123,40 @@ def _segment_row(segment: Trajectory) -> dict[str, Any]:
 
 def write_trajectories(path: Path, trajs: Sequence[Trajectory]) -> None:
     """Write atomically: readers never see a half-written file. The images of the
-    messages go once each to ``images.parquet`` beside it (``IMAGE_SCHEMA``)."""
+    messages go once each to the side table ``images_path(path)`` (``IMAGE_SCHEMA``)."""
     tmp = path.with_suffix(".parquet.tmp")
     pq.write_table(trajectory_table(trajs), tmp)
     tmp.replace(path)
     images = _images_of(trajs)
     if images:
-        _add_images(path.with_name("images.parquet"), images)
+        side = images_path(path)
+        side.parent.mkdir(parents=True, exist_ok=True)
+        tmp = side.with_suffix(".parquet.tmp")
+        pq.write_table(pa.Table.from_pylist(images, schema=IMAGE_SCHEMA), tmp)
+        tmp.replace(side)
 
 
-def _add_images(side: Path, images: list[dict[str, Any]]) -> None:
-    """Add ``images`` to the side table ``side`` (written atomically): the trajectory files
-    of a run's steps share one, so what earlier files refer to stays."""
-    table = pa.Table.from_pylist(images, schema=IMAGE_SCHEMA)
-    if side.is_file():
-        old = pq.read_table(side, schema=IMAGE_SCHEMA)
-        known = set(old.column("hash").to_pylist())
-        new = [row for row in images if row["hash"] not in known]
-        if not new:
-            return
-        table = pa.concat_tables([old, pa.Table.from_pylist(new, schema=IMAGE_SCHEMA)])
-    tmp = side.with_suffix(".parquet.tmp")
-    pq.write_table(table, tmp)
-    tmp.replace(side)
+def images_path(path: Path | str) -> Path:
+    """The side table of the trajectories file ``path``: ``images/NAME`` beside it (one per
+    file, so a long run writes each step's images once and globs of its step files never
+    see them)."""
+    path = Path(path)
+    return path.parent / "images" / path.name
 
 
 def load_images(path: Path | str) -> dict[str, bytes]:
-    """A run's ``images.parquet`` as ``{hash: PNG bytes}``: what the ``sha256:HASH``
-    references in its trajectories' messages name (``PixelEncoder.encode(stored=...)``)."""
-    return {row["hash"]: row["png"] for row in pq.read_table(path).to_pylist()}
+    """The images of the trajectories file ``path`` as ``{hash: PNG bytes}`` (from its side
+    table; empty when it has none): what the ``sha256:HASH`` references in its messages
+    name (``PixelEncoder.encode(stored=...)``)."""
+    side = images_path(path)
+    if not side.is_file():
+        return {}
+    return {row["hash"]: row["png"] for row in pq.read_table(side).to_pylist()}
 
 
 def _messages_json(messages: list[dict[str, Any]]) -> str:
     """Messages as JSON; an image in them is written as ``sha256:HASH`` (its pixels are
-    in ``images.parquet``)."""
+    in the side table, ``images_path``)."""
     if any(type(m.get("content")) is list for m in messages):
         from loomrl.vision.images import with_image_refs
 

@@ -23,14 +23,14 @@ from loomrl.algos import advantages as estimators
 from loomrl.envs.registry import hint_name, type_problem
 from loomrl.experience.maker import UNUSABLE, Experience, make_experience
 from loomrl.redact import redact_text, redact_value
-from loomrl.runs import TRAJECTORY_SCHEMA, load_trajectories, trajectory_table
+from loomrl.runs import TRAJECTORY_SCHEMA, images_path, load_trajectories, trajectory_table
 from loomrl.types import Trajectory
 
 TOKEN_VALUES = ("advantages", "returns")  # per completion token, from the estimator
 _COLUMNS = (
     "example_id", "group_id", "sample_index", "env", "prompt_ids", "completion_ids",
     "logprobs", "loss_mask", *TOKEN_VALUES, "reward", "status", "policy_version",
-    "images",  # pixel hashes, in block order: the pixels are in images.parquet beside it
+    "images",  # pixel hashes, in block order: the pixels are in its side table (images_path)
 )  # fmt: skip
 # Columns files written before them lack; readers fill them in (see load_trajectories).
 OPTIONAL_COLUMNS = ("span_starts", "span_ends", "span_versions", "finish_reasons")
@@ -180,9 +180,10 @@ def run_experience(
     tmp = path.with_suffix(".parquet.tmp")
     pq.write_table(experience_table(exp), tmp)
     tmp.replace(path)
-    images = run_dir / "images.parquet"
-    if images.is_file() and target.resolve() != run_dir.resolve():
-        shutil.copyfile(images, target / "images.parquet")  # what the hashes refer to
+    images = images_path(source)
+    if images.is_file():  # what the hashes refer to, as the experience file's side table
+        images_path(path).parent.mkdir(exist_ok=True)
+        shutil.copyfile(images, images_path(path))
     stats = {"source": str(source), **exp.stats}
     (target / "experience_stats.json").write_text(json.dumps(stats, indent=2) + "\n")
     return path, stats

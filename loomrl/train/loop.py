@@ -36,7 +36,7 @@ from loomrl.rollout.metrics import compute_metrics
 from loomrl.rollout.scoring import SCORED
 from loomrl.rollout.turn_rewards import counting_turns
 from loomrl.rundir import BUFFER, check_new_run, clear_run, open_buffer
-from loomrl.runs import write_trajectories
+from loomrl.runs import images_path, write_trajectories
 from loomrl.train.checkpoint import (
     CheckpointError,
     latest_checkpoint,
@@ -474,4 +474,5 @@ def _prepare_run_dir(
     for segment in segments.glob("step-*.parquet"):
         if int(segment.stem.removeprefix("step-")) > start:
             segment.unlink()
+            images_path(segment).unlink(missing_ok=True)
     return rows

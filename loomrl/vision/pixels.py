@@ -2,9 +2,9 @@
 forward pass takes, made by the model's own image processor.
 
 A trajectory keeps its images in its messages (or, read back from a run, as
-``sha256:HASH`` references into ``images.parquet``) and their hashes in
-``Trajectory.images``, in the order of their placeholder blocks in the token ids. The
-``PixelEncoder`` loads them in that order, checks them against the hashes and the ids
+``sha256:HASH`` references into its file's side table, ``loomrl.runs.load_images``) and
+their hashes in ``Trajectory.images``, in the order of their placeholder blocks in the
+token ids. The ``PixelEncoder`` loads them in that order, checks them against the hashes and the ids
 (one block of ``tokens_per_image`` placeholder ids per image), and runs the image
 processor once per distinct image (a group shares its prompt image): the same
 processing vLLM applied when it sampled, so recomputed logprobs see what the sampler saw.
@@ -108,7 +108,7 @@ class PixelEncoder:
         stored: Mapping[str, Any] | None = None,
     ) -> Pixels:
         """The images of ``trajectories``; ``stored`` maps hashes to images for messages
-        that hold ``sha256:HASH`` references (a run's ``images.parquet``). Raises
+        that hold ``sha256:HASH`` references (``loomrl.runs.load_images(file)``). Raises
         ``ImageError`` naming the trajectory when its images and ids disagree."""
         values: list[Tensor] = []
         masks: list[Tensor | None] = []
@@ -137,7 +137,8 @@ class PixelEncoder:
                 if stored is None or key not in stored:
                     raise ImageError(
                         f"{part} names image {key[:12]}... whose pixels are not at hand (a run "
-                        "keeps them in images.parquet beside its trajectories)"
+                        "keeps them beside each trajectories file: pass "
+                        "stored=loomrl.runs.load_images(file))"
                     )
                 value = stored[key]
             images.append(load_image(value, part))

@@ -54,7 +54,7 @@ async def test_shapes_on_a_vision_model_keep_the_token_contract(vision_engine, t
     if turns == 2:
         assert any(len(t.images) == 2 for t in results)  # a wrong first answer: a new image
     write_trajectories(tmp_path / "trajectories.parquet", results)
-    stored = pq.read_table(tmp_path / "images.parquet").to_pylist()
+    stored = pq.read_table(tmp_path / "images" / "trajectories.parquet").to_pylist()
     assert {row["hash"] for row in stored} == {h for t in results for h in t.images}
     back = load_trajectories(tmp_path / "trajectories.parquet")
     assert [t.images for t in back] == [t.images for t in results]

@@ -122,9 +122,10 @@ def test_train_three_steps_on_shapes(tmp_path):
     rows = [json.loads(line) for line in (out / "metrics.jsonl").open()]
     assert [r["policy_version"] for r in rows] == [1, 2, 3]
     assert all(r["trained_trajectories"] > 0 for r in rows)
-    stored = load_images(out / "trajectories" / "images.parquet")
     files = sorted(out.glob("trajectories/step-*.parquet"))
+    assert len(files) == 3
     trained = [t for path in files for t in load_trajectories(path)]
+    stored = {k: v for path in files for k, v in load_images(path).items()}
     assert all(t.images and set(t.images) <= set(stored) for t in trained)
     saved = out / "checkpoints" / "step-000003" / "model"
     images = PixelEncoder.for_model(saved)  # the checkpoint holds its processor

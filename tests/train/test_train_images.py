@@ -214,7 +214,7 @@ def test_a_forked_episodes_segment_images_round_trip_through_parquet(tmp_path, c
     write_trajectories(tmp_path / "t.parquet", [episode])
     (back,) = load_trajectories(tmp_path / "t.parquet")
     assert [s.images for s in back.all_segments()] == [earlier.images, last.images]
-    stored = load_images(tmp_path / "images.parquet")
+    stored = load_images(tmp_path / "t.parquet")
     assert set(stored) == {*earlier.images, *last.images}
     fresh = images.encode(episode.all_segments())
     again = images.encode(back.all_segments(), stored=stored)  # from the run's side table
@@ -228,16 +228,22 @@ def test_trl_refuses_episodes_with_images(chat):
         to_trl(episodes(chat), filler_id=0)
 
 
-def test_trajectory_files_of_a_run_share_one_image_table(tmp_path, chat):
-    """Each step's file adds its images to images.parquet; earlier steps' stay."""
-    from loomrl.runs import load_images, write_trajectories
+def test_each_trajectory_file_has_its_own_image_table(tmp_path, chat):
+    """A run's step files each keep their images beside them (written once, never
+    rewritten by later steps) where their globs do not reach."""
+    from loomrl.runs import images_path, load_images, write_trajectories
 
     first = trajectory(chat, [(shown(RED), "Answer: 2")])
     second = trajectory(chat, [(shown(BLUE), "Answer: 2")])
     write_trajectories(tmp_path / "step-1.parquet", [first])
     write_trajectories(tmp_path / "step-2.parquet", [second, first])
-    stored = load_images(tmp_path / "images.parquet")
-    assert sorted(stored) == sorted([*first.images, *second.images])
+    assert images_path(tmp_path / "step-1.parquet") == tmp_path / "images" / "step-1.parquet"
+    assert sorted(p.name for p in tmp_path.glob("step-*.parquet")) == [
+        "step-1.parquet", "step-2.parquet",
+    ]  # fmt: skip
+    assert set(load_images(tmp_path / "step-1.parquet")) == set(first.images)
+    assert set(load_images(tmp_path / "step-2.parquet")) == {*first.images, *second.images}
+    assert load_images(tmp_path / "step-3.parquet") == {}
 
 
 def test_experience_files_keep_the_image_hashes_and_their_pixels(tmp_path, chat):
@@ -252,9 +258,7 @@ def test_experience_files_keep_the_image_hashes_and_their_pixels(tmp_path, chat)
     path, _ = run_experience(tmp_path / "run", "grpo", out=tmp_path / "exp")
     rows = pq.read_table(path).to_pylist()
     assert [r["images"] for r in rows] == [t.images for t in trajs]
-    assert set(load_images(tmp_path / "exp" / "images.parquet")) == {
-        h for t in trajs for h in t.images
-    }
+    assert set(load_images(path)) == {h for t in trajs for h in t.images}
 
 
 def test_the_pixel_cache_is_bounded_by_bytes(chat, images):

@@ -115,7 +115,9 @@ def test_a_trajectory_with_images_round_trips_through_the_log_and_parquet(tmp_pa
     assert back.images == traj.images
     assert load_message_images(back.messages)[0].tobytes() == image.tobytes()
     write_trajectories(tmp_path / "trajectories.parquet", [traj, back])
-    (row,) = pq.read_table(tmp_path / "images.parquet").to_pylist()  # once, by hash
+    (row,) = pq.read_table(
+        tmp_path / "images" / "trajectories.parquet"
+    ).to_pylist()  # once, by hash
     assert row["hash"] == traj.images[0] and load_image(row["png"]).tobytes() == image.tobytes()
     loaded = load_trajectories(tmp_path / "trajectories.parquet")
     assert loaded[0].messages[0]["content"][0] == {
