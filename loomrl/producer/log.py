@@ -15,6 +15,8 @@ that sample restarts from the prompt on resume.
 
 from __future__ import annotations
 
+import base64
+import functools
 import json
 import sqlite3
 from collections.abc import Collection, Iterator, Mapping
@@ -37,7 +39,10 @@ from loomrl.producer.records import (
 #: 1: samples were pickles (refused: unpickling runs code); 2: data (see ``records``).
 FORMAT = 2
 
-_SCHEMA = """
+#: Each image of the samples' messages once, by pixel hash (the messages say
+#: ``sha256:HASH``); a log written before it has none and inline data URLs instead.
+_IMAGES = "CREATE TABLE IF NOT EXISTS images (hash TEXT PRIMARY KEY, png BLOB NOT NULL)"
+_SCHEMA = f"""
 CREATE TABLE groups (
     group_id INTEGER PRIMARY KEY, task TEXT NOT NULL, example_index INTEGER NOT NULL,
     example TEXT NOT NULL, n INTEGER NOT NULL, status TEXT NOT NULL, attempts INTEGER NOT NULL,
@@ -49,6 +54,7 @@ CREATE TABLE samples (
     PRIMARY KEY (group_id, sample_index)
 );
 CREATE TABLE meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
+{_IMAGES};
 """
 _TABLES = {"groups", "samples", "meta"}
 _STATUSES = tuple(str(s) for s in GroupStatus)
@@ -78,6 +84,8 @@ class BufferLog:
     def __init__(self, path: Path | str, *, readonly: bool = False) -> None:
         self.path = Path(path)
         self._depth = 0
+        self._stored_images: set[str] = set()  # hashes known to be in the images table
+        self._images = True  # whether the log has an images table (older ones may not)
         try:
             if readonly:
                 uri = f"{self.path.resolve().as_uri()}?mode=ro"
@@ -143,8 +151,9 @@ class BufferLog:
         the default one) unless ``state`` is False. Returns why the state was left out
         when it could not be saved (None otherwise)."""
         where = f"{self.path}: group {group_id} sample {index}"
+        new_images: dict[str, bytes] = {}
         try:
-            traj, tokens = traj_to_row(sample.traj)
+            traj, tokens = traj_to_row(sample.traj, functools.partial(self._image_ref, new_images))
         except (TypeError, ValueError, OverflowError) as exc:  # e.g. an object in messages
             raise ValueError(f"{where}: the trajectory cannot be saved as data: {exc}") from None
         hook = data = problem = None
@@ -154,6 +163,7 @@ class BufferLog:
             except Exception as exc:  # an env's own hook may raise anything: keep the tokens
                 problem = f"{type(exc).__name__}: {exc}"
         with self.transaction():
+            self._db.executemany("INSERT OR IGNORE INTO images VALUES (?,?)", new_images.items())
             self._db.execute(
                 "INSERT OR REPLACE INTO samples VALUES (?,?,?,?,?,?,?,?)",
                 (
@@ -161,7 +171,19 @@ class BufferLog:
                     hook, data,
                 ),
             )  # fmt: skip
+        self._stored_images.update(new_images)
         return problem
+
+    def _image_ref(self, new: dict[str, bytes], image: Any) -> str:
+        """An image of a sample's messages as ``sha256:HASH``, its PNG added to ``new``
+        unless the log has it: the n samples of a group, and every checkpoint of a
+        sample, share one copy."""
+        from loomrl.vision.images import image_hash, png_bytes
+
+        key = image_hash(image)
+        if key not in self._stored_images and key not in new:
+            new[key] = png_bytes(image)
+        return f"sha256:{key}"
 
     def drop_samples(self, group_id: int, index: int | None = None) -> None:
         with self.transaction():
@@ -254,6 +276,10 @@ class BufferLog:
                     self._db.execute(statement)
                 self._db.execute("INSERT INTO meta VALUES ('format', ?)", (str(FORMAT),))
             return
+        self._images = "images" in tables
+        if not self._images and not readonly:  # a log from before images were kept apart
+            self._db.execute(_IMAGES)
+            self._images = True
         if not tables >= _TABLES:
             raise BufferLogError(
                 f"{self.path}: not a buffer log (tables {sorted(tables) or 'none'}, "
@@ -303,7 +329,10 @@ class BufferLog:
     def _sample(self, gid: int, row: tuple[Any, ...], env: Environment | None) -> Sample:
         index, traj, tokens, stop, done, hook, state = row
         try:
-            sample = Sample(traj_from_row(traj, tokens), None, stop_from_json(stop), bool(done))
+            record = traj_from_row(traj, tokens)
+            if "sha256:" in traj:
+                self._resolve_images(record)
+            sample = Sample(record, None, stop_from_json(stop), bool(done))
             if state is not None:
                 sample.state = state_from_json(hook, state, env)
         except Exception as exc:  # json, the checks, or an env's own load_state_dict
@@ -311,6 +340,30 @@ class BufferLog:
                 f"{self.path}: group {gid} sample {index} cannot be read: {exc}"
             ) from None
         return sample
+
+    def _resolve_images(self, traj: Any) -> None:
+        """Put the pixels of the log's ``sha256:HASH`` image references back into the
+        messages (as PNG data URLs); a reference the log does not hold stays as it is."""
+        from loomrl.vision.images import image_value
+
+        for segment in traj.all_segments():
+            for message in segment.messages:
+                content = message.get("content")
+                if type(content) is not list:
+                    continue
+                for j, part in enumerate(content):
+                    value = image_value(part)
+                    if isinstance(value, str) and value.startswith("sha256:"):
+                        png = self._png(value.removeprefix("sha256:"))
+                        if png is not None:
+                            url = "data:image/png;base64," + base64.b64encode(png).decode()
+                            content[j] = {"type": "image", "image": url}
+
+    def _png(self, key: str) -> bytes | None:
+        if not self._images:
+            return None
+        row = self._db.execute("SELECT png FROM images WHERE hash=?", (key,)).fetchone()
+        return None if row is None else bytes(row[0])
 
 
 def read_log(path: Path | str) -> tuple[dict[int, GroupStatus], dict[tuple[int, int], Sample]]:

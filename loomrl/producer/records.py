@@ -50,15 +50,20 @@ _INT32 = "i" if array("i").itemsize == 4 else "l"
 _SWAP = sys.byteorder == "big"  # the file is little-endian everywhere
 
 
-def traj_to_row(traj: Trajectory) -> tuple[str, bytes]:
+ImageRef = Callable[[Any], str]
+
+
+def traj_to_row(traj: Trajectory, image_ref: ImageRef | None = None) -> tuple[str, bytes]:
     """``traj`` as (JSON object of every field but the token lists, packed token lists).
-    Raises ``TypeError`` / ``ValueError`` / ``OverflowError`` for values that are not
-    data of the record's types (e.g. a token id past int32)."""
+    A PIL image in the messages is written by ``image_ref`` (the log stores each image
+    once and writes ``sha256:HASH``), else inline as a PNG data URL. Raises
+    ``TypeError`` / ``ValueError`` / ``OverflowError`` for values that are not data of
+    the record's types (e.g. a token id past int32)."""
     data = {f.name: getattr(traj, f.name) for f in fields(Trajectory)}
     for name in TOKEN_FIELDS:
         del data[name]
     if traj.segments:  # a forked episode's earlier segments, each stored as a row itself
-        data["segments"] = [_segment_out(segment) for segment in traj.segments]
+        data["segments"] = [_segment_out(segment, image_ref) for segment in traj.segments]
     else:
         del data["segments"]
     data["status"] = str(traj.status)
@@ -68,7 +73,7 @@ def traj_to_row(traj: Trajectory) -> tuple[str, bytes]:
     data["reward_components"] = {k: _float_out(v) for k, v in traj.reward_components.items()}
     data["timings"] = {k: _float_out(v) for k, v in traj.timings.items()}
     data["env_metrics"] = {k: _float_out(v) for k, v in traj.env_metrics.items()}
-    text = json.dumps(data, separators=(",", ":"), allow_nan=False, default=_image_out)
+    text = json.dumps(data, separators=(",", ":"), allow_nan=False, default=_image_out(image_ref))
     prompt, completion = _packed(_INT32, traj.prompt_ids), _packed(_INT32, traj.completion_ids)
     logprobs, mask = _packed("d", traj.logprobs), bytes(traj.loss_mask)
     lengths = (len(traj.prompt_ids), len(traj.completion_ids), len(traj.logprobs), len(mask))
@@ -96,19 +101,26 @@ def traj_from_row(text: str, tokens: bytes) -> Trajectory:
     return Trajectory(**values)
 
 
-def _image_out(value: Any) -> str:
-    """An image in the messages, as a PNG data URL (read back by ``loomrl.vision``)."""
-    from PIL import Image
+def _image_out(image_ref: ImageRef | None) -> Callable[[Any], str]:
+    """The JSON writer of an image in the messages: ``image_ref``, or a PNG data URL (read
+    back by ``loomrl.vision``); anything else is not data."""
 
-    if isinstance(value, Image.Image):
+    def write(value: Any) -> str:
+        from PIL import Image  # only when json meets something that is not plain data
+
+        if not isinstance(value, Image.Image):
+            raise TypeError(f"Object of type {type(value).__name__} is not JSON serializable")
+        if image_ref is not None:
+            return image_ref(value)
         from loomrl.vision.images import data_url
 
         return data_url(value)
-    raise TypeError(f"Object of type {type(value).__name__} is not JSON serializable")
+
+    return write
 
 
-def _segment_out(segment: Trajectory) -> dict[str, str]:
-    text, tokens = traj_to_row(segment)
+def _segment_out(segment: Trajectory, image_ref: ImageRef | None) -> dict[str, str]:
+    text, tokens = traj_to_row(segment, image_ref)
     return {"row": text, "tokens": base64.b64encode(tokens).decode("ascii")}
 
 

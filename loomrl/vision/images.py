@@ -125,9 +125,14 @@ def content_text(content: Any) -> str:
 def data_url(image: Image.Image) -> str:
     """``image`` as a PNG ``data:`` URL: plain JSON text that ``load_image`` reads back to
     the same pixels (how a checkpoint keeps the images of its messages)."""
+    return "data:image/png;base64," + base64.b64encode(png_bytes(image)).decode("ascii")
+
+
+def png_bytes(image: Image.Image) -> bytes:
+    """``image`` encoded as PNG (lossless: the same pixels read back)."""
     out = io.BytesIO()
     image.save(out, format="PNG")
-    return "data:image/png;base64," + base64.b64encode(out.getvalue()).decode("ascii")
+    return out.getvalue()
 
 
 def with_image_refs(messages: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
