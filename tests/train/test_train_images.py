@@ -4,7 +4,6 @@ packed layouts alike, and `train()` runs steps over the shapes env end to end.""
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Any
 
@@ -15,6 +14,7 @@ from vision_models import build_tiny_vlm, square, trajectory
 from loomrl.engines import ScriptedEngine
 from loomrl.experience import compute_logprobs, make_experience, pack, pad
 from loomrl.models.loading import load_lm
+from loomrl.runs import load_images, load_trajectories
 from loomrl.train.config import TrainConfig
 from loomrl.train.learner import Learner, LearnerConfig
 from loomrl.train.loop import train
@@ -171,7 +171,7 @@ class VisionScripted(ScriptedEngine):
         return await super().generate(prompt_ids, params, request_id)
 
 
-async def test_train_runs_steps_on_the_shapes_env(tmp_path, model_dir, chat):
+async def test_train_runs_and_resumes_on_the_shapes_env(tmp_path, model_dir, chat):
     made: list[VisionScripted] = []
     answers = iter(range(10**6))
 
@@ -186,21 +186,29 @@ async def test_train_runs_steps_on_the_shapes_env(tmp_path, model_dir, chat):
         return engine
 
     config = TrainConfig(
-        model=str(model_dir), env="shapes", env_args={"max_turns": 2}, steps=3,
-        prompts_per_step=2, n=4, max_tokens=8, max_len=512, checkpoint_every=3, lr=1e-3,
+        model=str(model_dir), env="shapes", env_args={"max_turns": 2}, steps=2,
+        prompts_per_step=2, n=4, max_tokens=8, max_len=512, checkpoint_every=2, lr=1e-3,
         kl_coef=0.05, layout="packed",
     )  # fmt: skip
-    rows = await train(config, tmp_path / "run", make_engine=make)
-    assert [r["step"] for r in rows] == [1, 2, 3]
-    assert all(r["grad_norm"] > 0 and r["trained_trajectories"] > 0 for r in rows)
-    (engine,) = made
-    assert engine.images_seen and min(engine.images_seen) >= 1  # every request had its image
-    assert max(engine.images_seen) == 2  # a follow-up turn showed a second image
-    saved = tmp_path / "run" / "checkpoints" / "step-000003" / "model"
+    out = tmp_path / "run"
+    await train(config, out, make_engine=make)
+    saved = out / "checkpoints" / "step-000002" / "model"
     assert (saved / "processor_config.json").is_file()  # vLLM serves the checkpoint as is
-    assert PixelEncoder.for_model(saved) is not None
-    stored = json.loads((tmp_path / "run" / "metrics.jsonl").read_text().splitlines()[-1])
-    assert stored["policy_version"] == 3
+    rows = await train(config.model_copy(update={"steps": 3}), out, resume=True, make_engine=make)
+    assert [r["step"] for r in rows] == [1, 2, 3]
+    assert [r["policy_version"] for r in rows] == [1, 2, 3]
+    assert all(r["grad_norm"] > 0 and r["trained_trajectories"] > 0 for r in rows)
+    first, resumed = made
+    assert resumed.policy_version == 3  # started from the checkpoint at 2, synced once
+    seen = first.images_seen + resumed.images_seen
+    assert seen and min(seen) >= 1  # every request had its image
+    assert max(seen) == 2  # a follow-up turn showed a second image
+    images = PixelEncoder.for_model(out / "checkpoints" / "step-000003" / "model")
+    for step in (1, 2, 3):
+        path = out / "trajectories" / f"step-{step:06d}.parquet"
+        trained = load_trajectories(path)
+        pixels = images.encode(trained, stored=load_images(path))
+        assert pixels.counts.tolist() == [len(t.images) for t in trained]
 
 
 def test_a_forked_episodes_segment_images_round_trip_through_parquet(tmp_path, chat, images):
