@@ -21,20 +21,16 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from loomrl.data import Drawn, Fingerprint, check_record, draw, write_record
+from loomrl.data import Drawn, Fingerprint, check_record, write_record
 from loomrl.distributed.run import RaySession, env_metrics, ray_session
 from loomrl.engines.replicas import engine_metrics, has_remote, open_engines
-from loomrl.envs import Environment
-from loomrl.envs import load as load_env
 from loomrl.experience.files import check_estimator
 from loomrl.models import is_vision, resolve
 from loomrl.models.loading import load_lm, load_preprocessor, tokenizer_of
-from loomrl.producer import AsyncProducer, ProducerConfig, ReplayBuffer, SyncProducer, Task
-from loomrl.producer.metrics import producer_metrics
+from loomrl.producer import ReplayBuffer
 from loomrl.rollout import Rollouts
 from loomrl.rollout.metrics import compute_metrics
 from loomrl.rollout.scoring import SCORED
-from loomrl.rollout.turn_rewards import counting_turns
 from loomrl.rundir import BUFFER, check_new_run, clear_run, open_buffer
 from loomrl.runs import images_path, write_trajectories
 from loomrl.train.checkpoint import (
@@ -44,14 +40,22 @@ from loomrl.train.checkpoint import (
     load_learner_state,
     save_checkpoint,
 )
-from loomrl.train.config import TrainConfig, example_pool
+from loomrl.train.config import TrainConfig
 from loomrl.train.critic import Critic, Estimate, open_critic
 from loomrl.train.evaluate import eval_due, eval_row, eval_settings, eval_tasks
 from loomrl.train.learner import Learner
 from loomrl.train.loggers import open_sinks
 from loomrl.train.lora import adapters_off, attach, sync_weights
+from loomrl.train.production import (
+    draw_tasks,
+    fingerprints,
+    make_producer,
+    make_tasks,
+    producer_row,
+    ran_out,
+)
 from loomrl.train.shaping import Shaper
-from loomrl.types import SamplingParams, Trajectory
+from loomrl.types import Trajectory
 from loomrl.vision.pixels import PixelEncoder
 
 StepCallback = Callable[[dict[str, Any]], None]
@@ -131,8 +135,8 @@ async def _train(
         torch.manual_seed(config.seed)
     drawn = drawn if drawn is not None else draw_tasks(config)
     if resume:
-        check_record(out, _fingerprints(drawn))
-    tasks = await _tasks(config, drawn, ray)
+        check_record(out, fingerprints(drawn))
+    tasks = await make_tasks(config, drawn, ray)
     evals = eval_tasks(config, drawn) if config.eval_every else []
     dtype = getattr(torch, config.dtype)
     try:
@@ -169,7 +173,7 @@ async def _train(
         clear_run(out)
     buffer = _open_buffer(out, start)
     try:
-        rows = _prepare_run_dir(out, config, start, _fingerprints(drawn))
+        rows = _prepare_run_dir(out, config, start, fingerprints(drawn))
         if start >= config.steps:  # a finished run: nothing to produce, no engine to start
             buffer.close()
             return rows
@@ -191,7 +195,7 @@ async def _train(
     except BaseException:
         buffer.close()
         raise
-    producer = _producer(config, engine, buffer, tasks)
+    producer = make_producer(config, engine, buffer, tasks)
 
     def record(row: dict[str, Any]) -> None:
         """A metrics row to metrics.jsonl, the returned rows, the sinks and ``on_step``."""
@@ -211,7 +215,7 @@ async def _train(
             started = time.perf_counter()
             groups = await producer.next_batch(step)
             if not groups:
-                raise RuntimeError(_ran_out(step + 1, producer))
+                raise RuntimeError(ran_out(step + 1, producer))
             flat = [t for g in groups for t in g.trajectories()]
             rollout_s = time.perf_counter() - started
             trajs = Rollouts(flat, compute_metrics(flat, config.n, rollout_s))
@@ -224,7 +228,7 @@ async def _train(
             if synced or step + 1 == config.steps:
                 sync_s = await producer.update_weights(sync_weights(model), version=step + 1)
                 synced = True
-            production = _producer_row(buffer)
+            production = producer_row(buffer)
             row.update(
                 step=step + 1, rollout_s=rollout_s, sync_s=sync_s, weights_synced=synced,
                 step_s=time.perf_counter() - started, policy_version=engine.policy_version,
@@ -266,90 +270,6 @@ def _open_buffer(out: Path, start: int) -> ReplayBuffer:
     if start:
         buffer.rewind(start)
     return buffer
-
-
-def draw_tasks(config: TrainConfig) -> dict[str, Drawn]:
-    """Each task's seeded pool of examples, drawn in order and large enough for every step
-    even with over-sampling and filtering: from the env's generator, or its data's rows
-    cycled in epochs (``loomrl.data.Epochs``)."""
-    pool = example_pool(config.steps, config.prompts_per_step)
-    drawn = {}
-    for name, spec in config.task_specs().items():
-        env_name = spec.env or name
-        where = f"[train.tasks.{name}]" if config.tasks else "[train]"
-        drawn[name] = draw(
-            env_name, load_env(env_name, **spec.env_args), spec.data, pool, config.seed,
-            cycle=True, needs=f"data (data = FILE in {where})",
-        )  # fmt: skip
-    return drawn
-
-
-async def _tasks(
-    config: TrainConfig, drawn: Mapping[str, Drawn], ray: RaySession | None
-) -> list[Task]:
-    """One task per ``task_specs`` entry over its drawn examples (each task's environment
-    on its own env actors with ``env_placement = "ray"``: tasks are routed to their env)."""
-    tasks = []
-    for name, spec in config.task_specs().items():
-        env_name = spec.env or name
-        local = functools.partial(load_env, env_name, **spec.env_args)
-        env = local() if ray is None else await ray.environment(env_name, spec.env_args, local)
-        env = _budgeted(counting_turns(env, spec), config)
-        tasks.append(Task(name, env, drawn[name].examples, spec.weight))
-    return tasks
-
-
-def _budgeted(env: Environment, config: TrainConfig) -> Environment:
-    """``env`` with the run's ``max_obs_tokens`` (when set) in place of its own."""
-    if config.max_obs_tokens is not None:
-        env.max_obs_tokens = config.max_obs_tokens
-    return env
-
-
-def _fingerprints(drawn: Mapping[str, Drawn]) -> dict[str, Fingerprint]:
-    return {name: d.fingerprint for name, d in drawn.items() if d.fingerprint is not None}
-
-
-def _producer(
-    config: TrainConfig, engine: Any, buffer: ReplayBuffer, tasks: list[Task]
-) -> SyncProducer:
-    """The producer over every task, sync or async as configured."""
-    kind = AsyncProducer if config.producer == "async" else SyncProducer
-    return kind(
-        engine, tasks,
-        ProducerConfig(
-            n=config.n, batch_size=config.prompts_per_step, max_staleness=config.max_staleness,
-            partial_rollout=config.partial_rollout,
-            over_sample_threshold=config.over_sample_threshold,
-        ),
-        buffer=buffer, max_turns=config.max_turns, max_len=config.max_len,
-        concurrency=config.concurrency, env_timeout=config.env_timeout, on_error="isolate",
-        sampling=SamplingParams(
-            max_tokens=config.max_tokens, temperature=config.temperature, seed=config.seed,
-            first_token_temperature=config.first_token_temperature,
-            first_tokens=config.first_tokens, fire_turns=config.fire_turns,
-        ),
-    )  # fmt: skip
-
-
-def _ran_out(step: int, producer: SyncProducer) -> str:
-    """Why step ``step`` got no groups: the examples ran out, which happens at once when
-    every group fails (e.g. a text-only model given an env's images), so the first failure
-    is named rather than left in the buffer's log."""
-    why = f"step {step}: the tasks' datasets ran out of examples"
-    failures = producer.failures
-    if not failures.records:
-        return why
-    first = failures.records[0]
-    return (
-        f"{why}, after production counted {failures.summary()}; the first "
-        f"({first.kind}, task {first.task}, group {first.group_id}): {first.message}"
-    )
-
-
-def _producer_row(buffer: ReplayBuffer) -> dict[str, float | int]:
-    """Cumulative producer counts (staleness, expiry, unused tokens, length bias)."""
-    return {f"producer/{k}": v for k, v in producer_metrics(buffer).items()}
 
 
 def _step(

@@ -1,0 +1,104 @@
+"""What a training run produces from: its tasks (each env over its drawn examples) and
+the producer that samples groups of them into the replay buffer."""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any
+
+from loomrl.data import Drawn, Fingerprint, draw
+from loomrl.envs import Environment
+from loomrl.envs import load as load_env
+from loomrl.producer import AsyncProducer, ProducerConfig, ReplayBuffer, SyncProducer, Task
+from loomrl.producer.metrics import producer_metrics
+from loomrl.rollout.turn_rewards import counting_turns
+from loomrl.train.config import TrainConfig, example_pool
+from loomrl.types import SamplingParams
+
+if TYPE_CHECKING:
+    from loomrl.distributed.run import RaySession
+
+
+def draw_tasks(config: TrainConfig) -> dict[str, Drawn]:
+    """Each task's seeded pool of examples, drawn in order and large enough for every step
+    even with over-sampling and filtering: from the env's generator, or its data's rows
+    cycled in epochs (``loomrl.data.Epochs``)."""
+    pool = example_pool(config.steps, config.prompts_per_step)
+    drawn = {}
+    for name, spec in config.task_specs().items():
+        env_name = spec.env or name
+        where = f"[train.tasks.{name}]" if config.tasks else "[train]"
+        drawn[name] = draw(
+            env_name, load_env(env_name, **spec.env_args), spec.data, pool, config.seed,
+            cycle=True, needs=f"data (data = FILE in {where})",
+        )  # fmt: skip
+    return drawn
+
+
+async def make_tasks(
+    config: TrainConfig, drawn: Mapping[str, Drawn], ray: RaySession | None
+) -> list[Task]:
+    """One task per ``task_specs`` entry over its drawn examples (each task's environment
+    on its own env actors with ``env_placement = "ray"``: tasks are routed to their env)."""
+    tasks = []
+    for name, spec in config.task_specs().items():
+        env_name = spec.env or name
+        local = functools.partial(load_env, env_name, **spec.env_args)
+        env = local() if ray is None else await ray.environment(env_name, spec.env_args, local)
+        env = _budgeted(counting_turns(env, spec), config)
+        tasks.append(Task(name, env, drawn[name].examples, spec.weight))
+    return tasks
+
+
+def _budgeted(env: Environment, config: TrainConfig) -> Environment:
+    """``env`` with the run's ``max_obs_tokens`` (when set) in place of its own."""
+    if config.max_obs_tokens is not None:
+        env.max_obs_tokens = config.max_obs_tokens
+    return env
+
+
+def fingerprints(drawn: Mapping[str, Drawn]) -> dict[str, Fingerprint]:
+    return {name: d.fingerprint for name, d in drawn.items() if d.fingerprint is not None}
+
+
+def make_producer(
+    config: TrainConfig, engine: Any, buffer: ReplayBuffer, tasks: list[Task]
+) -> SyncProducer:
+    """The producer over every task, sync or async as configured."""
+    kind = AsyncProducer if config.producer == "async" else SyncProducer
+    return kind(
+        engine, tasks,
+        ProducerConfig(
+            n=config.n, batch_size=config.prompts_per_step, max_staleness=config.max_staleness,
+            partial_rollout=config.partial_rollout,
+            over_sample_threshold=config.over_sample_threshold,
+        ),
+        buffer=buffer, max_turns=config.max_turns, max_len=config.max_len,
+        concurrency=config.concurrency, env_timeout=config.env_timeout, on_error="isolate",
+        sampling=SamplingParams(
+            max_tokens=config.max_tokens, temperature=config.temperature, seed=config.seed,
+            first_token_temperature=config.first_token_temperature,
+            first_tokens=config.first_tokens, fire_turns=config.fire_turns,
+        ),
+    )  # fmt: skip
+
+
+def ran_out(step: int, producer: SyncProducer) -> str:
+    """Why step ``step`` got no groups: the examples ran out, which happens at once when
+    every group fails (e.g. a text-only model given an env's images), so the first failure
+    is named rather than left in the buffer's log."""
+    why = f"step {step}: the tasks' datasets ran out of examples"
+    failures = producer.failures
+    if not failures.records:
+        return why
+    first = failures.records[0]
+    return (
+        f"{why}, after production counted {failures.summary()}; the first "
+        f"({first.kind}, task {first.task}, group {first.group_id}): {first.message}"
+    )
+
+
+def producer_row(buffer: ReplayBuffer) -> dict[str, float | int]:
+    """Cumulative producer counts (staleness, expiry, unused tokens, length bias)."""
+    return {f"producer/{k}": v for k, v in producer_metrics(buffer).items()}
