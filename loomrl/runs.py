@@ -166,11 +166,10 @@ def _messages_json(messages: list[dict[str, Any]]) -> str:
 
 def _without_refs(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """Messages without image parts that only name an image by hash (nothing to store)."""
-    from loomrl.vision.images import image_value
+    from loomrl.vision.images import image_value, ref_key
 
     def named(part: Any) -> bool:
-        value = image_value(part)
-        return isinstance(value, str) and value.startswith("sha256:")
+        return ref_key(image_value(part)) is not None
 
     return [
         {**m, "content": [p for p in m["content"] if not named(p)]}
@@ -184,9 +183,7 @@ def _images_of(trajs: Sequence[Trajectory]) -> list[dict[str, Any]]:
     """Every image in the trajectories' messages once: hash, PNG bytes, size."""
     if not any(t.images for t in trajs):
         return []
-    import io
-
-    from loomrl.vision.images import image_hash, load_message_images
+    from loomrl.vision.images import image_hash, load_message_images, png_bytes
 
     seen: dict[str, dict[str, Any]] = {}  # (images already stored as references are skipped)
     for traj in trajs:
@@ -194,10 +191,8 @@ def _images_of(trajs: Sequence[Trajectory]) -> list[dict[str, Any]]:
             for image in load_message_images(_without_refs(segment.messages)):
                 key = image_hash(image)
                 if key not in seen:
-                    data = io.BytesIO()
-                    image.save(data, format="PNG")
                     seen[key] = {
-                        "hash": key, "png": data.getvalue(),
+                        "hash": key, "png": png_bytes(image),
                         "width": image.width, "height": image.height,
                     }  # fmt: skip
     return list(seen.values())

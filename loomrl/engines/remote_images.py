@@ -55,16 +55,9 @@ class ImageRequests:
     def fold(self, prompt_ids: Sequence[int], images: Sequence[Any]) -> list[int]:
         """``prompt_ids`` with each image block folded to its placeholder; ``ValueError``
         when blocks and images differ in number (never a silent mix-up)."""
-        from loomrl.vision.tokens import fold_blocks
+        from loomrl.vision.tokens import fold_for_engine
 
-        folded = fold_blocks(prompt_ids, self.token, self.block)
-        if folded.count(self.token) != len(images):
-            raise ValueError(
-                f"the prompt holds {folded.count(self.token)} image blocks for "
-                f"{len(images)} images: every image needs its placeholder, and only "
-                "images have one"
-            )
-        return folded
+        return fold_for_engine(prompt_ids, self.token, self.block, len(images))
 
     def body(
         self,

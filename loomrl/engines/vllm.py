@@ -26,7 +26,7 @@ from loomrl.engines.base import check_prompt, tokens_left
 from loomrl.hardware import cpu_has_native_bf16
 from loomrl.models import is_vision, resolve
 from loomrl.types import Completion, SamplingParams
-from loomrl.vision.tokens import fold_blocks
+from loomrl.vision.tokens import fold_for_engine
 
 if TYPE_CHECKING:
     import torch
@@ -149,12 +149,7 @@ class VLLMEngine:
 
             self._image = image_block(AutoProcessor.from_pretrained(self.model_path))
         token, block = self._image
-        folded = fold_blocks(prompt_ids, token, block)
-        if folded.count(token) != len(images):
-            raise ValueError(
-                f"the prompt holds {folded.count(token)} image blocks for {len(images)} "
-                "images: every image needs its placeholder, and only images have one"
-            )
+        folded = fold_for_engine(prompt_ids, token, block, len(images))
         data = {"image": list(images)}
         return TokensPrompt(prompt_token_ids=folded, multi_modal_data=data)  # type: ignore[typeddict-item]
 

@@ -15,7 +15,6 @@ that sample restarts from the prompt on resume.
 
 from __future__ import annotations
 
-import base64
 import functools
 import json
 import sqlite3
@@ -178,12 +177,12 @@ class BufferLog:
         """An image of a sample's messages as ``sha256:HASH``, its PNG added to ``new``
         unless the log has it: the n samples of a group, and every checkpoint of a
         sample, share one copy."""
-        from loomrl.vision.images import image_hash, png_bytes
+        from loomrl.vision.images import REF, image_hash, png_bytes
 
         key = image_hash(image)
         if key not in self._stored_images and key not in new:
             new[key] = png_bytes(image)
-        return f"sha256:{key}"
+        return f"{REF}{key}"
 
     def drop_samples(self, group_id: int, index: int | None = None) -> None:
         with self.transaction():
@@ -344,20 +343,14 @@ class BufferLog:
     def _resolve_images(self, traj: Any) -> None:
         """Put the pixels of the log's ``sha256:HASH`` image references back into the
         messages (as PNG data URLs); a reference the log does not hold stays as it is."""
-        from loomrl.vision.images import image_value
+        from loomrl.vision.images import image_parts, png_url, ref_key
 
         for segment in traj.all_segments():
-            for message in segment.messages:
-                content = message.get("content")
-                if type(content) is not list:
-                    continue
-                for j, part in enumerate(content):
-                    value = image_value(part)
-                    if isinstance(value, str) and value.startswith("sha256:"):
-                        png = self._png(value.removeprefix("sha256:"))
-                        if png is not None:
-                            url = "data:image/png;base64," + base64.b64encode(png).decode()
-                            content[j] = {"type": "image", "image": url}
+            for i, j, value in list(image_parts(segment.messages)):
+                key = ref_key(value)
+                png = None if key is None else self._png(key)
+                if png is not None:
+                    segment.messages[i]["content"][j] = {"type": "image", "image": png_url(png)}
 
     def _png(self, key: str) -> bytes | None:
         if not self._images:

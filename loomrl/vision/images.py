@@ -125,7 +125,20 @@ def content_text(content: Any) -> str:
 def data_url(image: Image.Image) -> str:
     """``image`` as a PNG ``data:`` URL: plain JSON text that ``load_image`` reads back to
     the same pixels (how a checkpoint keeps the images of its messages)."""
-    return "data:image/png;base64," + base64.b64encode(png_bytes(image)).decode("ascii")
+    return png_url(png_bytes(image))
+
+
+def png_url(png: bytes) -> str:
+    """PNG bytes as a ``data:`` URL."""
+    return "data:image/png;base64," + base64.b64encode(png).decode("ascii")
+
+
+REF = "sha256:"  # how stored messages name an image kept elsewhere: sha256:HASH
+
+
+def ref_key(value: Any) -> str | None:
+    """The hash an image value names when it is a ``sha256:HASH`` reference, else None."""
+    return value.removeprefix(REF) if isinstance(value, str) and value.startswith(REF) else None
 
 
 def png_bytes(image: Image.Image) -> bytes:
@@ -153,9 +166,10 @@ def _ref(part: Any, where: str) -> Any:
     value = image_value(part)
     if value is None:
         return part
-    if isinstance(value, str) and value.startswith("sha256:"):
-        return {"type": "image", "image": value}
-    return {"type": "image", "image": f"sha256:{image_hash(load_image(value, where))}"}
+    key = ref_key(value)
+    if key is None:
+        key = image_hash(load_image(value, where))
+    return {"type": "image", "image": f"{REF}{key}"}
 
 
 def _decode(data: bytes, where: str) -> Image.Image:

@@ -22,7 +22,7 @@ import torch
 from torch import Tensor
 
 from loomrl.types import Trajectory
-from loomrl.vision.images import ImageError, image_hash, image_parts, load_image
+from loomrl.vision.images import ImageError, image_hash, image_parts, load_image, ref_key
 
 
 @dataclass(frozen=True)
@@ -132,8 +132,8 @@ class PixelEncoder:
         images = []
         for i, j, value in image_parts(traj.messages):
             part = f"{where}: message {i + 1} part {j + 1}"
-            if isinstance(value, str) and value.startswith("sha256:"):
-                key = value.removeprefix("sha256:")
+            key = ref_key(value)
+            if key is not None:
                 if stored is None or key not in stored:
                     raise ImageError(
                         f"{part} names image {key[:12]}... whose pixels are not at hand (a run "

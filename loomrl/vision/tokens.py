@@ -80,6 +80,18 @@ def fold_blocks(ids: Sequence[int], token: int, block: Sequence[int]) -> list[in
     return out
 
 
+def fold_for_engine(ids: Sequence[int], token: int, block: Sequence[int], images: int) -> list[int]:
+    """``ids`` with each image block folded to its placeholder (what vLLM expands),
+    checked to hold one per image: ``ValueError`` otherwise, never a silent mix-up."""
+    folded = fold_blocks(ids, token, block)
+    if folded.count(token) != images:
+        raise ValueError(
+            f"the prompt holds {folded.count(token)} image blocks for {images} images: "
+            "every image needs its placeholder, and only images have one"
+        )
+    return folded
+
+
 def block_starts(ids: Sequence[int], chat: ChatTokenizer) -> list[int]:
     """Where each image block starts in ``ids``, in order (one per image)."""
     block = chat.image_block
