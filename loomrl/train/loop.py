@@ -19,7 +19,6 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from torch import Tensor
 
 from loomrl.data import Drawn, Fingerprint, check_record, write_record
 from loomrl.distributed.run import RaySession, env_metrics, ray_session
@@ -30,7 +29,6 @@ from loomrl.models.loading import load_lm, load_preprocessor, tokenizer_of
 from loomrl.producer import ReplayBuffer
 from loomrl.rollout import Rollouts
 from loomrl.rollout.metrics import compute_metrics
-from loomrl.rollout.scoring import SCORED
 from loomrl.rundir import BUFFER, check_new_run, clear_run, open_buffer
 from loomrl.runs import images_path, write_trajectories
 from loomrl.train.checkpoint import (
@@ -41,7 +39,7 @@ from loomrl.train.checkpoint import (
     save_checkpoint,
 )
 from loomrl.train.config import TrainConfig
-from loomrl.train.critic import Critic, Estimate, open_critic
+from loomrl.train.critic import open_critic
 from loomrl.train.evaluate import eval_due, eval_row, eval_settings, eval_tasks
 from loomrl.train.learner import Learner
 from loomrl.train.loggers import open_sinks
@@ -55,7 +53,7 @@ from loomrl.train.production import (
     ran_out,
 )
 from loomrl.train.shaping import Shaper
-from loomrl.types import Trajectory
+from loomrl.train.step import learn_step, rollout_metrics
 from loomrl.vision.pixels import PixelEncoder
 
 StepCallback = Callable[[dict[str, Any]], None]
@@ -219,7 +217,8 @@ async def _train(
             flat = [t for g in groups for t in g.trajectories()]
             rollout_s = time.perf_counter() - started
             trajs = Rollouts(flat, compute_metrics(flat, config.n, rollout_s))
-            row = _step(config, learner, trajs, tokenizer.pad_token_id or 0, shaper, critic, images)
+            pad_id = tokenizer.pad_token_id or 0
+            row = learn_step(config, learner, trajs, pad_id, shaper, critic, images)
             shaper.after_step(step + 1, row)
             # Synced even after a skipped learner step: versions count steps, which is
             # what the staleness bound is measured in. Every sync_weights_interval steps
@@ -232,7 +231,7 @@ async def _train(
             row.update(
                 step=step + 1, rollout_s=rollout_s, sync_s=sync_s, weights_synced=synced,
                 step_s=time.perf_counter() - started, policy_version=engine.policy_version,
-                **_rollout_metrics(trajs, production, rows[-1] if rows else None), **production,
+                **rollout_metrics(trajs, production, rows[-1] if rows else None), **production,
                 **{k: v for task in tasks for k, v in task.env.run_info().items()},
                 **engine_metrics(engine), **env_metrics([task.env for task in tasks]),
             )  # fmt: skip
@@ -270,79 +269,6 @@ def _open_buffer(out: Path, start: int) -> ReplayBuffer:
     if start:
         buffer.rewind(start)
     return buffer
-
-
-def _step(
-    config: TrainConfig, learner: Learner, trajs: list[Trajectory], pad_id: int,
-    shaper: Shaper, critic: Critic | None = None, images: PixelEncoder | None = None,
-) -> dict[str, Any]:  # fmt: skip
-    """Experience (shaped: ``loomrl.train.shaping``) and one learner step, then the
-    critic's (after the values it gave the estimator); a batch with nothing to learn
-    skips the step."""
-    t0 = time.perf_counter()
-    values: Estimate | None = None
-
-    def value_inputs(kept: list[Trajectory]) -> dict[str, Tensor]:
-        nonlocal values  # the values of exactly the trajectories the shaper kept
-        assert critic is not None
-        values = critic.estimate(kept, layout=config.layout, pad_id=pad_id)
-        return values.inputs
-
-    exp, shaped = shaper.experience(
-        trajs, pad_id, value_inputs=None if critic is None else value_inputs
-    )
-    row: dict[str, Any] = {
-        "trained_trajectories": len(exp.trajectories),
-        "zero_variance_groups": exp.stats["zero_variance_groups_dropped"],
-        **shaped,
-    }
-    if not exp.trajectories or exp.stats.get("trained_tokens", 0) == 0:
-        return {**row, "experience_s": time.perf_counter() - t0, "learner_s": None}
-    batch = exp.packed(images) if config.layout == "packed" else exp.padded(pad_id, images)
-    row["experience_s"] = time.perf_counter() - t0
-    row.update(learner.step(batch))
-    if critic is not None and values is not None:
-        row.update(critic.step(batch, values.rows))
-    return row
-
-
-def _rollout_metrics(
-    trajs: Rollouts, production: dict[str, float | int], previous: dict[str, Any] | None
-) -> dict[str, float]:
-    """Reward and length statistics of one step's rollouts (from the call's own
-    ``RolloutMetrics``), the mean of each named reward component over scored trajectories,
-    and ``error_rate``.
-
-    ``error_rate`` is measured on production, not on the batch (failed groups never reach
-    one, so the batch would always say 0): of the samples that finished since the previous
-    row (``producer/samples_produced``), the share that ended in ``error`` or
-    ``env_timeout`` (``producer/failures/...``); ``production`` holds this step's
-    cumulative producer counts, ``previous`` the previous row (None on the first step).
-    """
-    m = trajs.metrics
-
-    def since(key: str) -> float:
-        return float(production.get(key, 0)) - float((previous or {}).get(key, 0))
-
-    finished = since("producer/samples_produced")
-    failed = since("producer/failures/error") + since("producer/failures/env_timeout")
-    metrics = {
-        "reward_mean": m.reward_mean,
-        "reward_std": m.reward_std,
-        "completion_tokens_mean": m.generated_tokens_mean,
-        "turns_mean": m.turns_mean,
-        "error_rate": failed / finished if finished > 0 else 0.0,
-        "generate_s": m.generate_s,
-        "env_s": m.env_s,
-        "score_s": m.score_s,
-        **m.env,  # what the environments counted: tool calls and errors, sandbox time
-    }
-    scored = [t for t in trajs if t.status in SCORED]
-    names = sorted({name for t in scored for name in t.reward_components})
-    for name in names:
-        values = [t.reward_components.get(name, 0.0) for t in scored]
-        metrics[f"reward/{name}"] = sum(values) / len(values)
-    return metrics
 
 
 def read_rows(path: Path) -> list[dict[str, Any]]:

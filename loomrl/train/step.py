@@ -1,0 +1,91 @@
+"""One training step's work after its rollouts: experience (shaped, ``loomrl.train.shaping``),
+the learner's step, the critic's, and the step's rollout metrics."""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+from torch import Tensor
+
+from loomrl.rollout import Rollouts
+from loomrl.rollout.scoring import SCORED
+from loomrl.train.config import TrainConfig
+from loomrl.train.critic import Critic, Estimate
+from loomrl.train.learner import Learner
+from loomrl.train.shaping import Shaper
+from loomrl.types import Trajectory
+from loomrl.vision.pixels import PixelEncoder
+
+
+def learn_step(
+    config: TrainConfig, learner: Learner, trajs: list[Trajectory], pad_id: int,
+    shaper: Shaper, critic: Critic | None = None, images: PixelEncoder | None = None,
+) -> dict[str, Any]:  # fmt: skip
+    """Experience (shaped: ``loomrl.train.shaping``) and one learner step, then the
+    critic's (after the values it gave the estimator); a batch with nothing to learn
+    skips the step."""
+    t0 = time.perf_counter()
+    values: Estimate | None = None
+
+    def value_inputs(kept: list[Trajectory]) -> dict[str, Tensor]:
+        nonlocal values  # the values of exactly the trajectories the shaper kept
+        assert critic is not None
+        values = critic.estimate(kept, layout=config.layout, pad_id=pad_id)
+        return values.inputs
+
+    exp, shaped = shaper.experience(
+        trajs, pad_id, value_inputs=None if critic is None else value_inputs
+    )
+    row: dict[str, Any] = {
+        "trained_trajectories": len(exp.trajectories),
+        "zero_variance_groups": exp.stats["zero_variance_groups_dropped"],
+        **shaped,
+    }
+    if not exp.trajectories or exp.stats.get("trained_tokens", 0) == 0:
+        return {**row, "experience_s": time.perf_counter() - t0, "learner_s": None}
+    batch = exp.packed(images) if config.layout == "packed" else exp.padded(pad_id, images)
+    row["experience_s"] = time.perf_counter() - t0
+    row.update(learner.step(batch))
+    if critic is not None and values is not None:
+        row.update(critic.step(batch, values.rows))
+    return row
+
+
+def rollout_metrics(
+    trajs: Rollouts, production: dict[str, float | int], previous: dict[str, Any] | None
+) -> dict[str, float]:
+    """Reward and length statistics of one step's rollouts (from the call's own
+    ``RolloutMetrics``), the mean of each named reward component over scored trajectories,
+    and ``error_rate``.
+
+    ``error_rate`` is measured on production, not on the batch (failed groups never reach
+    one, so the batch would always say 0): of the samples that finished since the previous
+    row (``producer/samples_produced``), the share that ended in ``error`` or
+    ``env_timeout`` (``producer/failures/...``); ``production`` holds this step's
+    cumulative producer counts, ``previous`` the previous row (None on the first step).
+    """
+    m = trajs.metrics
+
+    def since(key: str) -> float:
+        return float(production.get(key, 0)) - float((previous or {}).get(key, 0))
+
+    finished = since("producer/samples_produced")
+    failed = since("producer/failures/error") + since("producer/failures/env_timeout")
+    metrics = {
+        "reward_mean": m.reward_mean,
+        "reward_std": m.reward_std,
+        "completion_tokens_mean": m.generated_tokens_mean,
+        "turns_mean": m.turns_mean,
+        "error_rate": failed / finished if finished > 0 else 0.0,
+        "generate_s": m.generate_s,
+        "env_s": m.env_s,
+        "score_s": m.score_s,
+        **m.env,  # what the environments counted: tool calls and errors, sandbox time
+    }
+    scored = [t for t in trajs if t.status in SCORED]
+    names = sorted({name for t in scored for name in t.reward_components})
+    for name in names:
+        values = [t.reward_components.get(name, 0.0) for t in scored]
+        metrics[f"reward/{name}"] = sum(values) / len(values)
+    return metrics
