@@ -49,7 +49,7 @@ async def rollout(out: Path, mode: str, step_s: float, tokenizer: Any) -> None:
     from rich.console import Console
 
     from loomrl.config import RolloutConfig
-    from loomrl.rollout_cli import resume_config, run_rollout
+    from loomrl.run.rollout import resume_config, run_rollout
 
     resume = mode == "resume"
     config = resume_config(out) if resume else RolloutConfig(**ROLLOUT, out=out)
@@ -94,8 +94,8 @@ class Continuing:
 
 async def train(out: Path, mode: str, tokenizer: Any) -> None:
     from loomrl.engines import ScriptedEngine
+    from loomrl.run.train import train as train_loop
     from loomrl.train.config import TrainConfig
-    from loomrl.train.loop import train as train_loop
 
     reply = Continuing(tokenizer)
 

@@ -29,7 +29,7 @@ CHILD = textwrap.dedent(
     from loomrl.config import RolloutConfig
     from loomrl.engines import ScriptedEngine
     from loomrl.models import DEFAULT_MODEL, resolve
-    from loomrl.rollout_cli import resume_config, run_rollout
+    from loomrl.run.rollout import resume_config, run_rollout
 
     tokenizer = AutoTokenizer.from_pretrained(resolve(DEFAULT_MODEL))
 
@@ -70,7 +70,7 @@ async def test_sigkilled_rollout_resumes_without_loss_duplication_or_restart(tmp
     namespace: dict[str, object] = {}
     source = child_source(step_s=0.0).split("out, mode =")[0]
     exec(compile(source, "child", "exec"), namespace)  # the child's engine and config code
-    from loomrl.rollout_cli import resume_config, run_rollout
+    from loomrl.run.rollout import resume_config, run_rollout
 
     await run_rollout(
         resume_config(run_dir), Console(quiet=True), resume=True,

@@ -24,7 +24,7 @@ CHILD = textwrap.dedent(
     from loomrl.config import RolloutConfig
     from loomrl.engines import ScriptedEngine
     from loomrl.models import DEFAULT_MODEL, resolve
-    from loomrl.rollout_cli import resume_config, run_rollout
+    from loomrl.run.rollout import resume_config, run_rollout
 
     tokenizer = AutoTokenizer.from_pretrained(resolve(DEFAULT_MODEL))
     MOVES = ["[A C]", "[A B]", "[C B]", "[A C]", "[B A]", "[B C]", "[A C]"]
@@ -64,7 +64,7 @@ async def test_a_killed_textarena_rollout_continues_its_games_from_their_moves(t
     namespace: dict[str, object] = {}
     source = child_source(step_s=0.0).split("out, mode =")[0]
     exec(compile(source, "child", "exec"), namespace)  # the child's engine code
-    from loomrl.rollout_cli import resume_config, run_rollout
+    from loomrl.run.rollout import resume_config, run_rollout
 
     await run_rollout(
         resume_config(run_dir), Console(quiet=True), resume=True,

@@ -1,14 +1,12 @@
-"""Checks the commands run before any engine starts: configs from files and flags, model
-specs, environments and their arguments, engine arguments, and a resumed run's flags
-against what it recorded. Each failure is one line naming the file, flag or field."""
+"""The checks of what a user typed: configs from files and flags, model specs, and a
+resumed run's flags against what it recorded. Each failure is one line naming the file,
+flag or field. (What a run checks of its request, before any engine starts, is the
+run layer's plan: ``loomrl.run``.)"""
 
 from __future__ import annotations
 
-import dataclasses
-import inspect
 import json
-import logging
-from collections.abc import Iterable, Mapping
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -19,12 +17,6 @@ from loomrl.config import describe
 from loomrl.models import check_spec
 
 Config = TypeVar("Config", bound=BaseModel)
-
-# Set by the engine from the config's own fields; engine_args may not set them again.
-RESERVED_ENGINE_ARGS = {
-    "model": "model", "max_model_len": "max_len", "seed": "seed",
-    "policy_version": "(the trainer)", "disable_log_stats": "(loomrl)",
-}  # fmt: skip
 
 
 def flag(name: str) -> str:
@@ -61,49 +53,6 @@ def model_flags(values: list[str] | None) -> dict[str, Any]:
     except ValueError as exc:
         raise UsageError(str(exc)) from None
     return {"model": model, "engines": engines or None}
-
-
-def check_envs(envs: Iterable[tuple[str, Mapping[str, Any]]]) -> None:
-    """Build each environment once with its arguments: an unknown name, an argument it
-    does not take or of the wrong type, or a value it refuses stops here."""
-    from loomrl.envs import load as load_env
-
-    for name, env_args in envs:
-        load_env(name, **env_args)
-
-
-def check_engine_args(engine_args: Mapping[str, Any], source: str) -> None:
-    """``engine_args`` must be ``VLLMEngine`` or vLLM engine arguments that loomrl does
-    not already set from the config (checked only where vLLM is installed)."""
-    reserved = sorted(set(engine_args) & set(RESERVED_ENGINE_ARGS))
-    if reserved:
-        instead = ", ".join(f"{k} (set by {RESERVED_ENGINE_ARGS[k]})" for k in reserved)
-        raise UsageError(f"{source}: engine_args may not set {instead}")
-    if not engine_args:
-        return
-    known = _engine_arg_names()
-    unknown = sorted(set(engine_args) - known) if known else []
-    if unknown:
-        raise UsageError(
-            f"{source}: engine_args {unknown} are neither VLLMEngine nor vLLM engine arguments"
-        )
-
-
-def _engine_arg_names() -> set[str]:
-    """Keyword arguments of ``VLLMEngine`` and fields of vLLM's ``AsyncEngineArgs``
-    (empty when vLLM is not installed: then nothing can be checked)."""
-    logging.disable(logging.WARNING)  # vLLM's import-time warnings are not the user's error
-    try:
-        from vllm.engine.arg_utils import AsyncEngineArgs
-
-        from loomrl.engines.vllm import VLLMEngine
-    except ImportError:
-        return set()
-    finally:
-        logging.disable(logging.NOTSET)
-    own = inspect.signature(VLLMEngine).parameters.values()
-    names = {p.name for p in own if p.kind is p.KEYWORD_ONLY}
-    return names | {f.name for f in dataclasses.fields(AsyncEngineArgs)}
 
 
 def check_resume_alone(args: Any) -> None:

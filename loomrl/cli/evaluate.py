@@ -10,7 +10,6 @@ import json
 from pathlib import Path
 from typing import Any
 
-from loomrl.cli.checks import check_envs
 from loomrl.cli.output import UsageError, console
 from loomrl.models import DEFAULT_MODEL
 
@@ -75,7 +74,7 @@ def _positive(args: argparse.Namespace) -> None:
 
 
 def cmd_eval(args: argparse.Namespace) -> int:
-    from loomrl.train import eval_command as ec
+    from loomrl.run import evaluate as ec
 
     _positive(args)
     request = ec.EvalRequest(
@@ -88,8 +87,6 @@ def cmd_eval(args: argparse.Namespace) -> int:
     ec.check_out(out, args.overwrite)
     target = ec.find_target(args.model)
     config = ec.run_config(args.run or target.run)
-    if args.env is not None:
-        check_envs([(args.env, request.env_args or {})])
     settings = ec.settings_of(request, config)
     tasks = ec.eval_set(request, config, settings.seed)  # data problems stop here
     console.print(f"[bold]eval[/] {len(tasks[0].examples)} examples x (greedy + {settings.n} "

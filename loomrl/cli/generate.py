@@ -29,9 +29,9 @@ def add_parser(sub: Any) -> None:
 
 
 def make_engine(model: str, max_model_len: int) -> Any:
-    from loomrl.engines.vllm import VLLMEngine
+    from loomrl.run import engines
 
-    return VLLMEngine(model, max_model_len=max_model_len)
+    return engines.build_engine(engines.EngineOrder(model, max_len=max_model_len))
 
 
 def sampling(args: argparse.Namespace) -> SamplingParams:

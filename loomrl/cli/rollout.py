@@ -10,19 +10,10 @@ from pathlib import Path
 from typing import Any
 
 from loomrl.cli import data_flags, ray_flags
-from loomrl.cli.checks import (
-    check_agrees,
-    check_engine_args,
-    check_envs,
-    check_model,
-    check_resume_alone,
-    load_config,
-    model_flags,
-)
+from loomrl.cli.checks import check_agrees, check_resume_alone, load_config, model_flags
 from loomrl.cli.output import console, print_note
 from loomrl.cli.report import report_at_end
 from loomrl.config import RolloutConfig
-from loomrl.data import Drawn
 from loomrl.models import DEFAULT_MODEL
 
 FLAGS = (
@@ -79,8 +70,7 @@ def add_parser(sub: Any) -> None:
 def requested(args: argparse.Namespace) -> RolloutConfig:
     """The run's config from ``--config``, the flags, or (``--resume``) the run's own
     ``config.toml``, which flags may repeat but not contradict."""
-    from loomrl.rollout_cli import resume_config
-    from loomrl.rundir import BUFFER, check_buffer
+    from loomrl.run.rollout import resume_config
 
     overrides = {name: getattr(args, name) for name in FLAGS} | model_flags(args.model)
     if args.resume is None:
@@ -99,53 +89,27 @@ def requested(args: argparse.Namespace) -> RolloutConfig:
     # and the Ray cluster it is given.
     skip = ("out", "engines", "ray")
     check_agrees(recorded, args.resume, args.config, {**overrides, **extra}, skip, named)
-    check_buffer(args.resume / BUFFER)
     if overrides["engines"] is not None:
         recorded = recorded.model_copy(update={"engines": overrides["engines"]})
     return ray_flags.with_ray_flags(recorded, args)
 
 
-def check_examples(config: RolloutConfig, resume: Path | None) -> Drawn:
-    """The run's examples, drawn now: every data problem (file, format, split, columns,
-    rows; an env that needs data) stops here, and a resumed run's data must be unchanged."""
-    from loomrl.data import check_record
-    from loomrl.envs import load as load_env
-    from loomrl.rollout_cli import draw_examples
-
-    drawn = draw_examples(config, load_env(config.env, **config.env_args))
-    if resume is not None and drawn.fingerprint is not None:
-        check_record(resume, {config.env: drawn.fingerprint})
-    asked, got = config.examples, len(drawn.examples)
-    if config.data is not None and asked is not None and got < asked and resume is None:
-        print_note(
-            f"{config.data.path} gives {got} rows, fewer than examples = {asked}: all are used"
-        )
-    return drawn
-
-
 def cmd_rollout(args: argparse.Namespace) -> int:
-    from loomrl.rollout_cli import default_out, run_rollout, sample_panel, summary_table
-    from loomrl.rundir import check_new_run
+    from loomrl.cli.rollout_view import sample_panel, summary_table
+    from loomrl.run.rollout import execute_rollout, plan_rollout
 
     config = requested(args)
-    if args.resume is None and config.out is not None:
-        check_new_run(config.out, "rollout", overwrite=args.overwrite)
     source = str(args.config or (args.resume / "config.toml" if args.resume else "flags"))
-    check_model(config.model)
-    check_envs([(config.env, config.env_args)])
-    check_engine_args(config.engine_args, source)
-    drawn = check_examples(config, args.resume)
-    if config.out is None:
-        config = config.model_copy(update={"out": default_out()})
+    plan = plan_rollout(
+        config, resume=args.resume is not None, overwrite=args.overwrite, source=source
+    )
+    for note in plan.notes:
+        print_note(note)
+    config = plan.config
     try:
-        out, results = asyncio.run(
-            run_rollout(
-                config, console, resume=args.resume is not None, overwrite=args.overwrite,
-                drawn=drawn,
-            )
-        )  # fmt: skip
+        out, results = asyncio.run(execute_rollout(plan, console))
     except KeyboardInterrupt:
-        resumable = config.mode == "continuous" and (config.out / "config.toml").is_file()
+        resumable = config.mode == "continuous" and plan.run.config.is_file()
         hint = f"continue with `loomrl rollout --resume {config.out}`" if resumable else ""
         raise KeyboardInterrupt(hint) from None
     console.print(sample_panel(max(results, key=lambda t: (t.reward, -t.example_id))))

@@ -11,20 +11,11 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import importlib.util
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from loomrl.cli import ray_flags
-from loomrl.cli.checks import (
-    check_agrees,
-    check_engine_args,
-    check_envs,
-    check_model,
-    check_resume_alone,
-    load_config,
-    model_flags,
-)
+from loomrl.cli.checks import check_agrees, check_resume_alone, load_config, model_flags
 from loomrl.cli.output import UsageError, console, print_note
 from loomrl.cli.report import report_at_end
 from loomrl.models import DEFAULT_MODEL
@@ -58,7 +49,7 @@ def add_parser(sub: Any) -> None:
 
 def requested(args: argparse.Namespace) -> tuple[TrainConfig, int | None]:
     """The run's config, and the step count it had if ``--steps`` extends a resumed run."""
-    from loomrl.train.command import resume_config
+    from loomrl.run.resume import resume_config
     from loomrl.train.config import TrainConfig
 
     overrides = {"steps": args.steps, "seed": args.seed, "out": args.out}
@@ -94,80 +85,25 @@ def requested(args: argparse.Namespace) -> tuple[TrainConfig, int | None]:
     return ray_flags.with_ray_flags(resumed, args), extended
 
 
-def check_log_to(config: TrainConfig, source: str) -> None:
-    """Each metric sink in ``log_to`` is installed (found without importing it)."""
-    for name in config.log_to:
-        if importlib.util.find_spec(name) is None:
-            raise UsageError(
-                f"{source}: log_to names {name!r} but it is not installed: "
-                f"pip install 'loomrl[{name}]'"
-            )
-
-
-def check_resumable(run_dir: Path, config: TrainConfig) -> None:
-    """Everything resuming reads, checked before anything is changed or started: the
-    newest checkpoint (its ``state.json`` files, ``.pt`` files and model directory), the
-    metric rows, the trajectory segments' directory and the replay-buffer log."""
-    from loomrl.rundir import BUFFER, check_buffer
-    from loomrl.train.checkpoint import check_checkpoint, list_checkpoints
-    from loomrl.train.loop import read_rows
-
-    checkpoints = list_checkpoints(run_dir)
-    if not checkpoints:
-        raise UsageError(
-            f"{run_dir} has no checkpoint to resume from (the first comes after step "
-            f"{config.checkpoint_every}); start it again with `loomrl train --out {run_dir} "
-            "--overwrite`"
-        )
-    check_checkpoint(checkpoints[-1])
-    if (run_dir / "metrics.jsonl").exists():
-        read_rows(run_dir / "metrics.jsonl")
-    segments = run_dir / "trajectories"
-    if segments.exists() and not segments.is_dir():
-        raise UsageError(f"{segments} is not a directory (a run keeps its step files there)")
-    if (run_dir / BUFFER).exists():
-        check_buffer(run_dir / BUFFER)
-
-
 def cmd_train(args: argparse.Namespace) -> int:
-    from loomrl.data import check_record
-    from loomrl.experience.files import check_estimator
-    from loomrl.rundir import check_new_run
-    from loomrl.train.command import default_out, run_train
-    from loomrl.train.config import extend_steps
-    from loomrl.train.loop import check_vision_training, draw_tasks
+    from loomrl.cli.train_view import run_train
+    from loomrl.run.resume import default_out, extend_steps
+    from loomrl.run.train_plan import plan_train
 
     config, extended_from = requested(args)
-    if args.resume is None and config.out is not None:
-        check_new_run(config.out, "train", overwrite=args.overwrite)
     source = str(args.config or (args.resume / "config.toml" if args.resume else "flags"))
-    check_model(config.model)
-    check_envs((spec.env or name, spec.env_args) for name, spec in config.task_specs().items())
-    if config.critic_model is not None:
-        check_model(config.critic_model)
-    check_estimator(config.estimator, config.estimator_options, with_values=config.critic)
-    check_vision_training(config)
-    check_engine_args(config.engine_args, source)
-    check_log_to(config, source)
-    drawn = draw_tasks(config)  # every data problem stops here, before anything is written
-    if config.eval_every:
-        from loomrl.train.evaluate import eval_tasks
-
-        eval_tasks(config, drawn)  # and every problem with the held-out eval examples
-    if args.resume is not None:
-        check_resumable(args.resume, config)
-        check_record(args.resume, {n: d.fingerprint for n, d in drawn.items() if d.fingerprint})
-    elif config.out is None:
-        config = config.model_copy(update={"out": default_out()})
+    out = args.resume or config.out or default_out()
+    config = config.model_copy(update={"out": out})
+    plan = plan_train(
+        config, out, resume=args.resume is not None, overwrite=args.overwrite, source=source
+    )  # every check, before anything is written
     if extended_from is not None:
-        extend_steps(args.resume / "config.toml", config.steps)
+        extend_steps(plan.run.config, config.steps)
         print_note(f"{args.resume}: steps {extended_from} -> {config.steps} (config.toml)")
     try:
-        out, rows = asyncio.run(
-            run_train(config, console, resume=args.resume, overwrite=args.overwrite, drawn=drawn)
-        )
+        out, rows = asyncio.run(run_train(plan, console))
     except KeyboardInterrupt:
-        raise KeyboardInterrupt(_how_to_continue(args.resume or config.out)) from None
+        raise KeyboardInterrupt(_how_to_continue(out)) from None
     rewards = [r["reward_mean"] for r in rows if "reward_mean" in r]
     if rewards:
         first, last = rewards[:5], rewards[-5:]

@@ -14,10 +14,10 @@ from loomrl.data.epochs import Epochs
 from loomrl.data.errors import DataError
 from loomrl.data.load import Splits, load, load_splits
 from loomrl.data.messages import ROLES, messages_problem, opening_messages
-from loomrl.data.record import RECORD, Fingerprint, check_record, write_record
+from loomrl.data.record import Fingerprint, check_record, write_record
 
 __all__ = [
-    "RECORD", "ROLES", "DataConfig", "DataError", "Drawn", "Epochs", "Fingerprint",
+    "ROLES", "DataConfig", "DataError", "Drawn", "Epochs", "Fingerprint",
     "NeedsData", "Splits", "check_record", "draw", "load", "load_splits",
     "messages_problem", "opening_messages", "write_record",
 ]  # fmt: skip

@@ -19,8 +19,8 @@ from pathlib import Path
 from typing import Any
 
 from loomrl.data.errors import DataError
+from loomrl.rundir import RECORD
 
-RECORD = "data.json"
 _CHUNK = 4096  # rows hashed per json.dumps call (part of the fingerprint's definition)
 
 

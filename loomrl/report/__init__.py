@@ -14,10 +14,11 @@ from pathlib import Path
 from pydantic import BaseModel, Field
 
 from loomrl.report.load import ReportError, Run, label_runs, load_run
+from loomrl.rundir import REPORT_HTML
 
 __all__ = ["REPORT", "ReportConfig", "ReportError", "Run", "load_run", "write_report"]
 
-REPORT = "report.html"
+REPORT = REPORT_HTML
 
 
 class ReportConfig(BaseModel):

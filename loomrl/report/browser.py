@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from loomrl.report.load import Run, read_details
+from loomrl.rundir import STEP_PREFIX, RunDir
 
 Decode = Callable[[Sequence[int]], str]
 
@@ -33,7 +34,7 @@ def find_decoder(run: Run) -> Decode | None:
     from loomrl.models import NAMED, is_prepared, models_dir
 
     model = run.model or ""
-    candidates = sorted((run.path / "checkpoints").glob("step-*/model"))[-1:]
+    candidates = sorted(RunDir(run.path).checkpoints.glob(f"{STEP_PREFIX}*/model"))[-1:]
     if model in NAMED:
         name = model if model != "tiny-random" else "tiny-random-seed0"
         if is_prepared(name):

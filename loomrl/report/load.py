@@ -19,6 +19,9 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from loomrl.rundir import STEP_PREFIX, RunDir
+from loomrl.rundir import read_rows as read_metric_rows
+
 SUMMARY_COLUMNS = (
     "example_id", "group_id", "sample_index", "env", "reward", "reward_components", "turns",
     "status", "policy_version", "num_completion_tokens", "num_env_tokens",
@@ -60,24 +63,25 @@ def load_run(path: Path) -> Run:
     """Read ``path``; a missing or unreadable file raises ``ReportError`` naming it."""
     if not path.is_dir():
         raise ReportError(f"{path}: no such run directory")
-    config_path = path / "config.toml"
+    run = RunDir(path)
+    config_path = run.config
     config: dict[str, Any] = {}
     if config_path.is_file():
         try:
             config = tomllib.loads(config_path.read_text(encoding="utf-8"))
         except (tomllib.TOMLDecodeError, UnicodeDecodeError) as exc:
             raise ReportError(f"{config_path}: not a TOML file ({exc})") from None
-    if (path / "metrics.jsonl").exists() or (path / "trajectories").is_dir():
-        rows = read_rows(path / "metrics.jsonl") if (path / "metrics.jsonl").exists() else []
-        files = sorted((path / "trajectories").glob("step-*.parquet"))
+    if run.metrics_log.exists() or run.steps.is_dir():
+        rows = read_rows(run.metrics_log) if run.metrics_log.exists() else []
+        files = run.step_files()
         steps = [_step_of(f) for f in files]
         return Run(path, "train", config.get("train", config), rows, _summary(files, steps), files)
-    if (path / "trajectories.parquet").exists() or (path / "metrics.json").exists():
+    if run.trajectories.exists() or run.metrics.exists():
         rows = []
-        if (path / "metrics.json").exists():
-            summary = _read_json(path / "metrics.json")
+        if run.metrics.exists():
+            summary = _read_json(run.metrics)
             rows = [{"rollout_s": summary.get("wall_s"), **summary, "step": 0}]
-        files = [path / "trajectories.parquet"] if (path / "trajectories.parquet").exists() else []
+        files = [run.trajectories] if run.trajectories.exists() else []
         return Run(path, "rollout", config, rows, _summary(files, [0] * len(files)), files)
     raise ReportError(
         f"{path}: not a run directory (no metrics.jsonl, metrics.json, trajectories.parquet "
@@ -104,24 +108,12 @@ def label_runs(runs: list[Run]) -> None:
 
 
 def read_rows(path: Path) -> list[dict[str, Any]]:
-    """Metric rows of ``metrics.jsonl``; a torn last line (a run writing or killed while
-    writing it) is left out, any other line that is not a JSON object raises."""
+    """Metric rows of ``metrics.jsonl`` (read as a training run reads them back), a problem as a
+    ``ReportError``."""
     try:
-        lines = [ln for ln in path.read_text(encoding="utf-8").splitlines() if ln.strip()]
-    except UnicodeDecodeError:
-        raise ReportError(f"{path}: not a metrics file (not UTF-8 text)") from None
-    rows = []
-    for i, line in enumerate(lines):
-        try:
-            row = json.loads(line)
-        except json.JSONDecodeError:
-            if i == len(lines) - 1:
-                continue
-            raise ReportError(f"{path}: line {i + 1} is not JSON: {line[:80]!r}") from None
-        if not isinstance(row, dict) or type(row.get("step")) is not int:
-            raise ReportError(f"{path}: line {i + 1} is not a metrics row with an integer 'step'")
-        rows.append(row)
-    return rows
+        return read_metric_rows(path)
+    except ValueError as exc:
+        raise ReportError(str(exc)) from None
 
 
 def read_details(run: Run, indices: list[int]) -> list[dict[str, Any]]:
@@ -182,6 +174,6 @@ def _read_json(path: Path) -> dict[str, Any]:
 
 def _step_of(path: Path) -> int:
     try:
-        return int(path.stem.removeprefix("step-"))
+        return int(path.stem.removeprefix(STEP_PREFIX))
     except ValueError:
         raise ReportError(f"{path}: a step file's name must be step-NUMBER.parquet") from None

@@ -28,9 +28,10 @@ from typing import Any
 
 import torch
 
+from loomrl.rundir import STEP_PREFIX, RunDir
 from loomrl.train.lora import is_lora
 
-PREFIX = "step-"
+PREFIX = STEP_PREFIX
 CRITIC = "critic.pt"  # only in the checkpoints of a run with a critic
 
 
@@ -63,7 +64,7 @@ def save_checkpoint(
     (a run with a critic) goes to ``critic.pt``; a run without one writes no such file."""
     if keep < 1:
         raise ValueError(f"keep must be >= 1 (the checkpoint being written), got {keep}")
-    root = run_dir / "checkpoints"
+    root = RunDir(run_dir).checkpoints
     root.mkdir(parents=True, exist_ok=True)
     final = root / f"{PREFIX}{step:06d}"
     tmp = root / f".tmp-{PREFIX}{step:06d}"
@@ -187,7 +188,7 @@ def _reason(exc: BaseException) -> str:
 
 def _state_files(run_dir: Path) -> list[Path]:
     """``state.json`` of every ``step-*`` directory (one without it is not complete)."""
-    root = run_dir / "checkpoints"
+    root = RunDir(run_dir).checkpoints
     found = root.glob(f"{PREFIX}*/state.json") if root.is_dir() else []
     return [path for path in found if path.is_file()]
 

@@ -2,27 +2,16 @@
 
 from __future__ import annotations
 
-import time
-import tomllib
 from pathlib import Path
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
-import tomli_w
-from pydantic import (
-    BaseModel,
-    ConfigDict,
-    Field,
-    ValidationInfo,
-    field_validator,
-    model_validator,
-)
+from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator, model_validator
 
 from loomrl.config import (
     ENGINES,
     FIRE_TURNS,
     FIRST_TOKEN_TEMPERATURE,
     FIRST_TOKENS,
-    MAX_EXAMPLES,
     MAX_OBS_TOKENS,
     MAX_SEED,
     RAY,
@@ -36,28 +25,15 @@ from loomrl.distributed.config import RayConfig
 from loomrl.engines.replicas import check_replicas
 from loomrl.models import DEFAULT_MODEL
 from loomrl.rollout.turn_rewards import TurnReward
+from loomrl.train.config_rules import check_knobs, check_pool, check_single_env
 from loomrl.train.critic import CriticConfig, check_critic
 from loomrl.train.learner import LearnerConfig
 from loomrl.train.lora import LoraConfig
 from loomrl.train.presets import Algorithm, apply_preset
 
-
-class TaskConfig(BaseModel):
-    """One task of a multi-task run: its environment, the environment's arguments, its
-    data (if any) and its share."""
-
-    model_config = ConfigDict(extra="forbid")
-
-    weight: float = Field(1.0, gt=0, allow_inf_nan=False, description="share of each step's groups")
-    env: str | None = Field(
-        None, description="environment name (default: the task's name); two tasks may share one"
-    )
-    env_args: dict[str, Any] = Field(default_factory=dict, description="environment kwargs")
-    data: DataConfig | None = Field(
-        None, description="examples from a data file (cycled in epochs) instead of the env's"
-    )
-    turn_reward: TurnReward | None = TURN_REWARD
-    turn_discount: float | None = TURN_DISCOUNT
+if TYPE_CHECKING:
+    from loomrl.train.evaluate import EvalSettings
+from loomrl.train.task_config import TaskConfig
 
 
 class TrainConfig(BaseModel):
@@ -263,17 +239,6 @@ class TrainConfig(BaseModel):
         return apply_preset(data, defaults)
 
     @model_validator(mode="after")
-    def _loss_options_fit(self) -> TrainConfig:
-        if self.drift_coef and self.loss != "cpgd":
-            raise ValueError(f"drift_coef is cpgd's; loss = {self.loss!r} has no policy drift")
-        if self.loss == "cpgd" and self.clip_low >= 1:
-            raise ValueError(
-                f"loss = 'cpgd' clips ln ρ at ln(1 - clip_low): clip_low must be < 1, "
-                f"got {self.clip_low}"
-            )
-        return self
-
-    @model_validator(mode="after")
     def _replicas_serve_the_model(self) -> TrainConfig:
         check_replicas(self.model, self.engines, ray=self.ray is not None)
         return self
@@ -286,79 +251,28 @@ class TrainConfig(BaseModel):
 
     @model_validator(mode="after")
     def _knobs_fit(self) -> TrainConfig:
-        """The shaping, KL and sync knobs' cross-field rules (each names its fields)."""
-        if isinstance(self.reward_clip, (int, float)):
-            if self.reward_clip <= 0:
-                raise ValueError(f"reward_clip = {self.reward_clip}: a bound must be > 0")
-            self.reward_clip = (-float(self.reward_clip), float(self.reward_clip))
-        if self.reward_clip is not None and not self.reward_clip[0] < self.reward_clip[1]:
-            raise ValueError(f"reward_clip = {list(self.reward_clip)}: need low < high")
-        if self.overlong_buffer > self.overlong_limit():
-            raise ValueError(
-                f"overlong_buffer = {self.overlong_buffer} exceeds the overlong limit "
-                f"{self.overlong_limit()} (overlong_max_tokens, or max_tokens × max_turns)"
-            )
-        off = {"overlong_penalty_factor": 1.0, "overlong_max_tokens": None}  # the defaults
-        for name, default in off.items():
-            if getattr(self, name) != default and not self.overlong_buffer:
-                raise ValueError(f"{name} needs overlong_buffer > 0 (the penalty is off)")
-        needs_ref = [n for n in ("kl_target", "ref_refresh_every") if getattr(self, n)]
-        needs_ref += ["kl_in = 'reward'"] if self.kl_in == "reward" else []
-        if needs_ref and not self.kl_coef:
-            raise ValueError(f"{', '.join(needs_ref)} needs a reference: set kl_coef > 0")
-        if self.ref_refresh_every and self.lora is not None:
-            raise ValueError(
-                "ref_refresh_every cannot move a LoRA run's reference: it is the base model "
-                "with the adapters off (leave ref_refresh_every unset, or train all weights)"
-            )
-        lag = self.sync_weights_interval - 1
-        if lag > self.max_staleness:
-            raise ValueError(
-                f"sync_weights_interval = {self.sync_weights_interval} lets the engine's "
-                f"policy lag {lag} steps behind training: max_staleness must be >= {lag}, "
-                f"got {self.max_staleness}"
-            )
+        """The loss, shaping, KL and sync knobs' cross-field rules
+        (``loomrl.train.config_rules``)."""
+        check_knobs(self)
         return self
+
+    @field_validator("prompts_per_step")
+    @classmethod
+    def _pool_fits(cls, value: int, info: ValidationInfo) -> int:
+        check_pool(info.data.get("steps"), value)
+        return value
+
+    @field_validator("tasks", "eval_data")
+    @classmethod
+    def _single_env_fields(cls, value: Any, info: ValidationInfo) -> Any:
+        """Data and env arguments are the single env's: with tasks, each task has its own."""
+        check_single_env(info.field_name or "", value, info.data)
+        return value
 
     def overlong_limit(self) -> int:
         """L_max of the overlong penalty: ``overlong_max_tokens``, or the generation
         budget ``max_tokens × max_turns`` (one turn when unset)."""
         return self.overlong_max_tokens or self.max_tokens * (self.max_turns or 1)
-
-    @field_validator("prompts_per_step")
-    @classmethod
-    def _pool_fits(cls, value: int, info: ValidationInfo) -> int:
-        steps = info.data.get("steps")
-        if steps is not None and example_pool(steps, value) > MAX_EXAMPLES:
-            raise ValueError(
-                f"steps x prompts_per_step draws {example_pool(steps, value):,} examples up "
-                f"front, more than {MAX_EXAMPLES:,}; train in shorter runs"
-            )
-        return value
-
-    @field_validator("tasks")
-    @classmethod
-    def _env_args_or_tasks(cls, value: dict[str, TaskConfig], info: ValidationInfo) -> Any:
-        if value and info.data.get("env_args"):
-            raise ValueError(
-                "env_args are the single env's; with tasks, give each task its own "
-                "[tasks.NAME.env_args]"
-            )
-        if value and info.data.get("data") is not None:
-            raise ValueError(
-                "data is the single env's; with tasks, give each task its own [tasks.NAME] data"
-            )
-        return value
-
-    @field_validator("eval_data")
-    @classmethod
-    def _eval_data_single(cls, value: DataConfig | None, info: ValidationInfo) -> Any:
-        if value is not None and info.data.get("tasks"):
-            raise ValueError(
-                "eval_data is the single env's; with tasks, hold eval rows out of each "
-                "task's data (eval_size or eval_split)"
-            )
-        return value
 
     @classmethod
     def load(cls, path: Path | None, overrides: dict[str, Any] | None = None) -> TrainConfig:
@@ -416,6 +330,16 @@ class TrainConfig(BaseModel):
             autocast=self.resolved_autocast(),
         )  # fmt: skip
 
+    def eval_settings(self) -> EvalSettings:
+        """The held-out evaluation's settings: the run's sampling, ``eval_n``, threshold."""
+        from loomrl.train.evaluate import EvalSettings
+
+        return EvalSettings(
+            n=self.eval_n, temperature=self.temperature, max_tokens=self.max_tokens,
+            max_turns=self.max_turns, max_len=self.max_len, concurrency=self.concurrency,
+            env_timeout=self.env_timeout, seed=self.seed, pass_threshold=self.eval_pass_threshold,
+        )  # fmt: skip
+
     def resolved_autocast(self) -> str | None:
         """The learner's matmul dtype: ``auto`` is bf16 only with hardware for it (a GPU,
         or a CPU with AVX512-BF16/AMX); emulated bf16 was 24x slower than fp32 here."""
@@ -433,21 +357,3 @@ def example_pool(steps: int, prompts_per_step: int) -> int:
     """Examples each task draws up front: enough for every step even with over-sampling
     and filtering."""
     return steps * prompts_per_step * 4 + 64
-
-
-def extend_steps(path: Path, steps: int) -> int:
-    """Raise the ``steps`` a run's ``config.toml`` at ``path`` records to ``steps`` (a
-    resumed run trained longer); every other value stays as written. The change is kept
-    as a comment line at the top of the file. Returns the old value."""
-    text = path.read_text(encoding="utf-8")
-    data = tomllib.loads(text)
-    table = data.get("train", data)
-    old = int(table["steps"])
-    table["steps"] = steps
-    comments = [line for line in text.splitlines() if line.startswith("#")]
-    stamp = time.strftime("%Y-%m-%d %H:%M:%S")
-    comments.append(f"# steps {old} -> {steps}: extended by `loomrl train --resume` at {stamp}")
-    tmp = path.with_suffix(".toml.tmp")
-    tmp.write_text("\n".join(comments) + "\n" + tomli_w.dumps(data), encoding="utf-8")
-    tmp.replace(path)  # a kill mid-write leaves the old file, never half of one
-    return old

@@ -16,23 +16,20 @@ from __future__ import annotations
 import asyncio
 import math
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from loomrl.algos.pass_at_k import mean_pass_at_k
-from loomrl.data import Drawn
-from loomrl.envs import load as load_env
 from loomrl.rollout import rollout
 from loomrl.rollout.scoring import SCORED
-from loomrl.rollout.turn_rewards import counting_turns
+from loomrl.rundir import RunDir
 from loomrl.runs import write_trajectories
-from loomrl.train.eval_set import EvalTask, eval_examples
+from loomrl.train.eval_set import EvalTask
 from loomrl.types import SamplingParams, Trajectory
 
 if TYPE_CHECKING:
-    from loomrl.train.config import TrainConfig
+    pass
 
 
 @dataclass(frozen=True, slots=True)
@@ -113,17 +110,17 @@ async def evaluate(engine: Any, tasks: Sequence[EvalTask], settings: EvalSetting
 
 
 async def eval_row(
-    engine: Any, tasks: Sequence[EvalTask], settings: EvalSettings, out: Path, step: int
+    engine: Any, tasks: Sequence[EvalTask], settings: EvalSettings, run: RunDir, step: int
 ) -> dict[str, float]:
-    """Evaluate after ``step`` steps (0: before training) for a training run in ``out``:
+    """Evaluate after ``step`` steps (0: before training) for the training run ``run``:
     the metrics plus ``eval_s`` and ``eval_policy_version`` (the engine's: with
     ``sync_weights_interval`` > 1 it can lag ``step``); the trajectories go to
-    ``out/eval/step-NNNNNN-greedy`` and ``-sampled.parquet``."""
+    ``eval/step-NNNNNN-greedy`` and ``-sampled.parquet``."""
     started = time.perf_counter()
     result = await evaluate(engine, tasks, settings)
-    (out / "eval").mkdir(parents=True, exist_ok=True)
-    write_trajectories(out / "eval" / f"step-{step:06d}-greedy.parquet", result.greedy)
-    write_trajectories(out / "eval" / f"step-{step:06d}-sampled.parquet", result.sampled)
+    run.evals.mkdir(parents=True, exist_ok=True)
+    write_trajectories(run.eval_file(step, "greedy"), result.greedy)
+    write_trajectories(run.eval_file(step, "sampled"), result.sampled)
     version = float(engine.policy_version)
     return {
         **result.metrics,
@@ -138,31 +135,3 @@ def eval_due(step: int, every: int | None, steps: int) -> bool:
     if not every:
         return False
     return step % every == 0 or step == steps
-
-
-def eval_settings(config: TrainConfig) -> EvalSettings:
-    """A training run's evaluation settings: its sampling, ``eval_n`` and threshold."""
-    return EvalSettings(
-        n=config.eval_n, temperature=config.temperature, max_tokens=config.max_tokens,
-        max_turns=config.max_turns, max_len=config.max_len, concurrency=config.concurrency,
-        env_timeout=config.env_timeout, seed=config.seed,
-        pass_threshold=config.eval_pass_threshold,
-    )  # fmt: skip
-
-
-def eval_tasks(config: TrainConfig, drawn: Mapping[str, Drawn]) -> list[EvalTask]:
-    """Each task's held-out examples (``loomrl.train.eval_set``), disjoint from the
-    training pool ``drawn`` (``loomrl.train.loop.draw_tasks``), with the task's env set up
-    as training sets it up (turn rewards, ``max_obs_tokens``)."""
-    tasks = []
-    for name, spec in config.task_specs().items():
-        env = counting_turns(load_env(spec.env or name, **spec.env_args), spec)
-        if config.max_obs_tokens is not None:
-            env.max_obs_tokens = config.max_obs_tokens
-        where = f"[train.tasks.{name}]" if config.tasks else "[train]"
-        examples, overlap = eval_examples(
-            env, spec.data, config.eval_data, config.eval_examples, config.seed, drawn[name],
-            where,
-        )  # fmt: skip
-        tasks.append(EvalTask(name, env, examples, overlap))
-    return tasks

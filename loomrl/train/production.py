@@ -3,49 +3,35 @@ the producer that samples groups of them into the replay buffer."""
 
 from __future__ import annotations
 
-import functools
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
-from loomrl.data import Drawn, Fingerprint, draw
+from loomrl.data import Drawn
 from loomrl.envs import Environment
-from loomrl.envs import load as load_env
 from loomrl.producer import AsyncProducer, ProducerConfig, ReplayBuffer, SyncProducer, Task
 from loomrl.producer.metrics import producer_metrics
 from loomrl.rollout.turn_rewards import counting_turns
-from loomrl.train.config import TrainConfig, example_pool
+from loomrl.train.config import TrainConfig
 from loomrl.types import SamplingParams
 
 if TYPE_CHECKING:
     from loomrl.distributed.run import RaySession
 
 
-def draw_tasks(config: TrainConfig) -> dict[str, Drawn]:
-    """Each task's seeded pool of examples, drawn in order and large enough for every step
-    even with over-sampling and filtering: from the env's generator, or its data's rows
-    cycled in epochs (``loomrl.data.Epochs``)."""
-    pool = example_pool(config.steps, config.prompts_per_step)
-    drawn = {}
-    for name, spec in config.task_specs().items():
-        env_name = spec.env or name
-        where = f"[train.tasks.{name}]" if config.tasks else "[train]"
-        drawn[name] = draw(
-            env_name, load_env(env_name, **spec.env_args), spec.data, pool, config.seed,
-            cycle=True, needs=f"data (data = FILE in {where})",
-        )  # fmt: skip
-    return drawn
-
-
 async def make_tasks(
-    config: TrainConfig, drawn: Mapping[str, Drawn], ray: RaySession | None
+    config: TrainConfig,
+    envs: Mapping[str, Environment],
+    drawn: Mapping[str, Drawn],
+    ray: RaySession | None,
 ) -> list[Task]:
-    """One task per ``task_specs`` entry over its drawn examples (each task's environment
-    on its own env actors with ``env_placement = "ray"``: tasks are routed to their env)."""
+    """One task per ``task_specs`` entry over its drawn examples, played by its env in
+    ``envs`` (or the same env on its own env actors with ``env_placement = "ray"``: tasks
+    are routed to their env)."""
     tasks = []
     for name, spec in config.task_specs().items():
-        env_name = spec.env or name
-        local = functools.partial(load_env, env_name, **spec.env_args)
-        env = local() if ray is None else await ray.environment(env_name, spec.env_args, local)
+        env = envs[name]
+        if ray is not None:
+            env = await ray.environment(spec.env or name, spec.env_args, lambda env=env: env)
         env = _budgeted(counting_turns(env, spec), config)
         tasks.append(Task(name, env, drawn[name].examples, spec.weight))
     return tasks
@@ -56,10 +42,6 @@ def _budgeted(env: Environment, config: TrainConfig) -> Environment:
     if config.max_obs_tokens is not None:
         env.max_obs_tokens = config.max_obs_tokens
     return env
-
-
-def fingerprints(drawn: Mapping[str, Drawn]) -> dict[str, Fingerprint]:
-    return {name: d.fingerprint for name, d in drawn.items() if d.fingerprint is not None}
 
 
 def make_producer(

@@ -14,10 +14,10 @@ from dataclasses import dataclass
 import pytest
 from train_runs import TINY_TRAIN
 
-from loomrl import rollout_cli
-from loomrl.cli import generate, main
+from loomrl.cli import main
 from loomrl.engines import ScriptedEngine
-from loomrl.train import eval_command, loop
+from loomrl.run import engines
+from loomrl.run.train import train
 from loomrl.train.config import TrainConfig
 
 
@@ -53,12 +53,9 @@ def _refuse(*_args, **_kwargs):
 
 @pytest.fixture(autouse=True)
 def no_vllm(monkeypatch):
-    """Every engine factory of the commands fails the test (autouse: a test that wants an
-    engine asks for ``scripted``, which replaces these)."""
-    monkeypatch.setattr(rollout_cli, "vllm_engine", _refuse)
-    monkeypatch.setattr(loop, "engine_factory", lambda config: _refuse)
-    monkeypatch.setattr(generate, "make_engine", _refuse)
-    monkeypatch.setattr(eval_command, "vllm_engine", _refuse)
+    """The commands' one engine factory fails the test (autouse: a test that wants an
+    engine asks for ``scripted``, which replaces it)."""
+    monkeypatch.setattr(engines, "build_engine", _refuse)
 
 
 @pytest.fixture
@@ -77,10 +74,7 @@ def scripted(monkeypatch, tokenizer):
         made[-1].set_policy_version(version)
         return made[-1]
 
-    monkeypatch.setattr(rollout_cli, "vllm_engine", lambda config: engine())
-    monkeypatch.setattr(loop, "engine_factory", lambda config: lambda d, v: engine(v))
-    monkeypatch.setattr(generate, "make_engine", lambda model, max_len: engine())
-    monkeypatch.setattr(eval_command, "vllm_engine", lambda target, config, settings: engine())
+    monkeypatch.setattr(engines, "build_engine", lambda order: engine(order.policy_version))
     return made
 
 
@@ -95,7 +89,7 @@ def finished(tmp_path_factory, tokenizer):
         engine.set_policy_version(version)
         return engine
 
-    asyncio.run(loop.train(config.model_copy(update={"out": out}), out, make_engine=make))
+    asyncio.run(train(config.model_copy(update={"out": out}), out, make_engine=make))
     return out
 
 

@@ -7,11 +7,11 @@ import json
 
 import pytest
 
+from loomrl.run.eval_tasks import eval_tasks
+from loomrl.run.resume import resume_config
+from loomrl.run.train_plan import draw_tasks
 from loomrl.runs import read_trajectories
-from loomrl.train.command import resume_config
 from loomrl.train.eval_set import content_key
-from loomrl.train.evaluate import eval_tasks
-from loomrl.train.loop import draw_tasks
 
 METRICS = {"eval/reward_mean", "eval/pass@1", "eval/pass@k", "eval/sample_reward_mean",
            "eval/length_mean", "eval/reward/correct", "eval/reward/format"}  # fmt: skip

@@ -11,10 +11,10 @@ from pathlib import Path
 import pytest
 import tomli_w
 
-from loomrl import rollout_cli
 from loomrl.engines import ScriptedEngine
+from loomrl.run import rollout as run_rollout_module
+from loomrl.run import trainer
 from loomrl.runs import read_trajectories
-from loomrl.train import loop
 
 EXAMPLE = Path(__file__).parents[2] / "examples" / "python-tool-grpo.toml"
 CALL = '<tool_call>{"name": "python", "arguments": {"code": "print(6 * 7)"}}</tool_call>'
@@ -35,7 +35,7 @@ def test_a_rollout_counts_tool_calls_and_records_the_isolation(
     cli, monkeypatch, tokenizer, tmp_path
 ):
     engine = ScriptedEngine(replies(tokenizer), tokenizer=tokenizer)
-    monkeypatch.setattr(rollout_cli, "vllm_engine", lambda config: engine)
+    monkeypatch.setattr(run_rollout_module, "local_engine", lambda config: engine)
     config = tmp_path / "rollout.toml"
     config.write_text('env = "python_tool"\nenv_args = { sandbox = { pool_size = 0 } }\n')
     out = tmp_path / "run"
@@ -82,7 +82,7 @@ def half_right(monkeypatch, tokenizer):
         engine.set_policy_version(version)
         return engine
 
-    monkeypatch.setattr(loop, "engine_factory", lambda config: make)
+    monkeypatch.setattr(trainer, "default_engine", lambda plan: make)
 
 
 def test_the_example_config_trains_three_steps(cli, half_right, tmp_path):

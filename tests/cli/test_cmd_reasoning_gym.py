@@ -13,8 +13,8 @@ import reasoning_gym
 import tomli_w
 
 from loomrl.engines import ScriptedEngine
+from loomrl.run import trainer
 from loomrl.runs import read_trajectories
-from loomrl.train import loop
 
 EXAMPLE = Path(__file__).parents[2] / "examples" / "reasoning-gym-grpo.toml"
 ROLLOUT = ["rollout", "--env", "reasoning_gym:basic_arithmetic", "--examples", "8", "--n", "4"]
@@ -99,7 +99,7 @@ def alternating(monkeypatch, tokenizer):
         engine.set_policy_version(version)
         return engine
 
-    monkeypatch.setattr(loop, "engine_factory", lambda config: make)
+    monkeypatch.setattr(trainer, "default_engine", lambda plan: make)
 
 
 def test_the_example_config_trains_five_steps(cli, alternating, tmp_path):

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from loomrl.cli import checks
+from loomrl.run import common
 from loomrl.rundir import BUFFER
 from loomrl.runs import read_trajectories
 
@@ -168,7 +168,7 @@ def test_bad_configs_are_one_line_before_any_engine(cli, tmp_path, text, message
 
 
 def test_unknown_engine_args_are_named(cli, tmp_path, monkeypatch):
-    monkeypatch.setattr(checks, "_engine_arg_names", lambda: {"dtype", "enforce_eager"})
+    monkeypatch.setattr(common, "_engine_arg_names", lambda: {"dtype", "enforce_eager"})
     path = tmp_path / "bad.toml"
     path.write_text("engine_args = {dtype = 'float32', gpu_mem = 0.3}\n")
     assert cli("rollout", "--config", path).error == (
@@ -197,14 +197,14 @@ def test_bad_files_flags_and_paths(cli, tmp_path):
 
 
 def test_an_interrupted_run_says_how_to_continue(cli, monkeypatch, tmp_path):
-    from loomrl import rollout_cli
+    from loomrl.run import rollout
 
-    async def interrupted(config, console, **kwargs):
-        config.out.mkdir(parents=True)
-        (config.out / "config.toml").write_text("")
+    async def interrupted(plan, console, **kwargs):
+        plan.config.out.mkdir(parents=True)
+        (plan.config.out / "config.toml").write_text("")
         raise KeyboardInterrupt
 
-    monkeypatch.setattr(rollout_cli, "run_rollout", interrupted)
+    monkeypatch.setattr(rollout, "execute_rollout", interrupted)
     result = cli("rollout", "--out", tmp_path / "run")
     assert result.code == 130
     assert (

@@ -12,10 +12,10 @@ from pathlib import Path
 
 import pytest
 
-from loomrl import rollout_cli
 from loomrl.data import load
 from loomrl.engines import ScriptedEngine
 from loomrl.envs import Environment, EnvState, registry
+from loomrl.run import rollout as run_rollout_module
 from loomrl.runs import read_trajectories
 
 MINI = Path(__file__).resolve().parents[2] / "examples" / "data" / "math-mini.jsonl"
@@ -40,7 +40,7 @@ def answering(monkeypatch, tokenizer):
         state["answers"] = {e["question"]: e["answer"] for e in config.data.load(config.seed)}
         return ScriptedEngine(reply, tokenizer=tokenizer)
 
-    monkeypatch.setattr(rollout_cli, "vllm_engine", engine)
+    monkeypatch.setattr(run_rollout_module, "local_engine", engine)
     return state
 
 

@@ -7,7 +7,8 @@ import json
 
 import pytest
 
-from loomrl.data import RECORD, DataError, Fingerprint, check_record, write_record
+from loomrl.data import DataError, Fingerprint, check_record, write_record
+from loomrl.rundir import RECORD
 
 ROWS = [{"id": 0, "question": "a", "answer": 1}, {"id": 1, "question": "b", "answer": 2}]
 

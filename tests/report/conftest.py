@@ -16,10 +16,10 @@ from pathlib import Path
 
 import pytest
 
-from loomrl import rollout_cli
 from loomrl.cli import main
 from loomrl.engines import ScriptedEngine
-from loomrl.train import loop
+from loomrl.run import rollout as run_rollout_module
+from loomrl.run.train import train
 from loomrl.train.config import TrainConfig
 
 CHROMIUM = Path("/usr/bin/chromium")
@@ -55,7 +55,7 @@ def guesses(tokenizer):
 def rollout_run(out: Path, tokenizer, *args: str) -> Path:
     """A ``loomrl rollout`` of guess_number through the command (report.html included)."""
     with pytest.MonkeyPatch.context() as mp:
-        mp.setattr(rollout_cli, "vllm_engine", lambda config: guesses(tokenizer))
+        mp.setattr(run_rollout_module, "local_engine", lambda config: guesses(tokenizer))
         argv = ["rollout", "--env", "guess_number", "--examples", "4", "--n", "3"]
         code = main([*argv, "--max-tokens", "8", "--max-turns", "3", "--out", str(out), *args])
     assert code == 0
@@ -73,7 +73,7 @@ def train_run(out: Path, tokenizer, seed: int = 0) -> Path:
         return engine
 
     config = config.model_copy(update={"out": out, "seed": seed})
-    asyncio.run(loop.train(config, out, make_engine=make))
+    asyncio.run(train(config, out, make_engine=make))
     return out
 
 

@@ -16,7 +16,9 @@ from pydantic import ValidationError
 from rich.console import Console
 from transformers import AutoModelForCausalLM
 
+from loomrl.cli.train_view import table
 from loomrl.models import resolve
+from loomrl.run.train_report import report
 from loomrl.train.checkpoint import (
     CheckpointError,
     latest_checkpoint,
@@ -24,7 +26,6 @@ from loomrl.train.checkpoint import (
     load_learner_state,
     save_checkpoint,
 )
-from loomrl.train.command import report, table
 from loomrl.train.config import TrainConfig, extend_steps
 from loomrl.train.learner import LearnerConfig
 

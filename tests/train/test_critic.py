@@ -18,10 +18,10 @@ from transformers import AutoModel, AutoTokenizer
 
 from loomrl.experience import make_experience, pack, pad
 from loomrl.models import resolve
+from loomrl.run.train import train
 from loomrl.train.checkpoint import CheckpointError, latest_checkpoint, load_critic_state
 from loomrl.train.config import TrainConfig
 from loomrl.train.critic import Critic, CriticConfig, ValueModel, load_value_model
-from loomrl.train.loop import train
 from loomrl.train.losses.value import explained_variance, value_loss
 from loomrl.types import Trajectory
 

@@ -10,8 +10,8 @@ import pytest
 from loomrl.engines import ScriptedEngine
 from loomrl.envs import registry
 from loomrl.envs.arith import ArithEnv
+from loomrl.run.train import train
 from loomrl.train.config import TrainConfig
-from loomrl.train.loop import train
 
 
 class FlakyArith(ArithEnv):

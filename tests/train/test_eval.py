@@ -15,12 +15,14 @@ from loomrl.algos.pass_at_k import mean_pass_at_k, pass_at_k
 from loomrl.data import DataError
 from loomrl.envs import load as load_env
 from loomrl.report import build_report, load_run
+from loomrl.run.eval_tasks import eval_tasks
+from loomrl.run.train import train
+from loomrl.run.train_plan import draw_tasks
+from loomrl.run.train_report import report
 from loomrl.runs import read_trajectories
-from loomrl.train.command import report
 from loomrl.train.config import TrainConfig
 from loomrl.train.eval_set import content_key, eval_seed, held_out_of_env
-from loomrl.train.evaluate import eval_due, eval_metrics, eval_tasks, passed
-from loomrl.train.loop import draw_tasks, train
+from loomrl.train.evaluate import eval_due, eval_metrics, passed
 from loomrl.types import Status, Trajectory
 
 # (n, c, k, pass@k) worked by hand: 1 - C(n-c, k) / C(n, k)

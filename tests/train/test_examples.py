@@ -12,8 +12,8 @@ from pathlib import Path
 import pytest
 
 from loomrl.engines import ScriptedEngine
+from loomrl.run.train import train
 from loomrl.train.config import TrainConfig
-from loomrl.train.loop import train
 from loomrl.train.presets import PRESETS
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples"

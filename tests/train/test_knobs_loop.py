@@ -12,8 +12,8 @@ import pytest
 import torch
 from test_loop import Crash, config, crash_after, engines  # noqa: F401  (the fixture)
 
+from loomrl.run.train import train
 from loomrl.train.checkpoint import latest_checkpoint
-from loomrl.train.loop import train
 
 
 def versions(out, step):

@@ -9,9 +9,9 @@ import pyarrow.parquet as pq
 import pytest
 
 from loomrl.engines import ScriptedEngine
+from loomrl.run.train import train
 from loomrl.train.checkpoint import latest_checkpoint, list_checkpoints
 from loomrl.train.config import TrainConfig
-from loomrl.train.loop import train
 
 
 class Crash(RuntimeError):

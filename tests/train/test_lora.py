@@ -16,16 +16,16 @@ from transformers import AutoModelForCausalLM
 from loomrl.engines import ScriptedEngine
 from loomrl.experience import compute_logprobs
 from loomrl.models import resolve
+from loomrl.run.resume import resume_config
+from loomrl.run.train import train
 from loomrl.train.checkpoint import (
     CheckpointError,
     check_checkpoint,
     latest_checkpoint,
     list_checkpoints,
 )
-from loomrl.train.command import resume_config
 from loomrl.train.config import TrainConfig
 from loomrl.train.learner import Learner, LearnerConfig
-from loomrl.train.loop import train
 from loomrl.train.lora import (
     LoraConfig,
     LoraError,

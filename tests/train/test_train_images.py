@@ -14,10 +14,10 @@ from vision_models import build_tiny_vlm, square, trajectory
 from loomrl.engines import ScriptedEngine
 from loomrl.experience import compute_logprobs, make_experience, pack, pad
 from loomrl.models.loading import load_lm
+from loomrl.run.train import train
 from loomrl.runs import load_images, load_trajectories
 from loomrl.train.config import TrainConfig
 from loomrl.train.learner import Learner, LearnerConfig
-from loomrl.train.loop import train
 from loomrl.vision.images import ImageError
 from loomrl.vision.pixels import PixelEncoder
 from loomrl.vision.tokens import vision_chat
@@ -295,12 +295,12 @@ def test_the_pixel_cache_is_bounded_by_bytes(chat, images):
 async def test_a_critic_or_lora_over_a_vision_model_is_refused_before_any_work(
     tmp_path, model_dir, monkeypatch, kind
 ):
-    from loomrl.train import loop
+    from loomrl.run import train_models
 
     def no_load(*args, **kwargs):
         raise AssertionError("a model was loaded before the refusal")
 
-    monkeypatch.setattr(loop, "load_lm", no_load)
+    monkeypatch.setattr(train_models, "load_lm", no_load)
     extra = {"critic": True, "estimator": "gae"} if kind == "critic" else {"lora": {"r": 4}}
     config = TrainConfig(model=str(model_dir), env="shapes", steps=1, **extra)
     out, used = tmp_path / "run", "a critic" if kind == "critic" else "LoRA"

@@ -15,9 +15,9 @@ import time
 import pyarrow.parquet as pq
 
 from loomrl.engines import ScriptedEngine
+from loomrl.run.train import train
 from loomrl.train.checkpoint import latest_checkpoint
 from loomrl.train.config import TrainConfig
-from loomrl.train.loop import train
 
 STEPS = 10
 CONFIG = dict(
@@ -34,7 +34,7 @@ CHILD = textwrap.dedent(
     from loomrl.engines import ScriptedEngine
     from loomrl.models import DEFAULT_MODEL, resolve
     from loomrl.train.config import TrainConfig
-    from loomrl.train.loop import train
+    from loomrl.run.train import train
 
     tokenizer = AutoTokenizer.from_pretrained(resolve(DEFAULT_MODEL))
     answers = itertools.count()

@@ -22,12 +22,15 @@ from rich.table import Table
 
 from loomrl.data import DataConfig
 from loomrl.envs import load as load_env
-from loomrl.models import check_spec, resolve
+from loomrl.models import check_spec
+from loomrl.run import engines
+from loomrl.run.eval_tasks import eval_tasks
+from loomrl.rundir import RunDir
 from loomrl.runs import write_trajectories
 from loomrl.train.checkpoint import CheckpointError, latest_checkpoint, list_checkpoints
 from loomrl.train.config import TrainConfig
 from loomrl.train.eval_set import EvalTask, held_out_of_env, rows_of
-from loomrl.train.evaluate import EvalResult, EvalSettings, eval_tasks, evaluate
+from loomrl.train.evaluate import EvalResult, EvalSettings, evaluate
 
 EVAL_FILES = ("eval.json", "greedy.parquet", "sampled.parquet")
 
@@ -75,7 +78,7 @@ def find_target(spec: str) -> Target:
         if not found:
             raise CheckpointError(f"{path} is not a checkpoint of a run (RUN/checkpoints/step-N)")
         return Target(str(_model_dir(found[0].model_dir)), run, found[0].step)
-    if (path / "checkpoints").is_dir() or (path / "metrics.jsonl").is_file():
+    if RunDir(path).is_training():
         try:
             checkpoint = latest_checkpoint(path)
         except FileNotFoundError:
@@ -109,7 +112,7 @@ def run_config(run: Path | None) -> TrainConfig | None:
     """The training config a run was started with (its ``config.toml``)."""
     if run is None:
         return None
-    from loomrl.train.command import resume_config
+    from loomrl.run.resume import resume_config
 
     return resume_config(run)
 
@@ -154,23 +157,26 @@ def eval_set(request: EvalRequest, config: TrainConfig | None, seed: int) -> lis
     if request.data is not None:
         return [EvalTask(name, env, rows_of(DataConfig(path=request.data), count, seed))]
     if config is not None and same_env and env_args == config.env_args:
-        from loomrl.train.loop import draw_tasks
+        from loomrl.run.train_plan import draw_tasks
 
-        # The run's own eval set, held out of the pool it trained on.
-        return eval_tasks(config.model_copy(update={"eval_examples": count}), draw_tasks(config))
+        # The run's own eval set, held out of the pool it trained on (one env: this one).
+        envs = {name: env}
+        held = config.model_copy(update={"eval_examples": count})
+        return eval_tasks(held, draw_tasks(config, envs), envs)
     examples, overlap = held_out_of_env(env, count, seed)
     return [EvalTask(name, env, examples, overlap)]
 
 
 def vllm_engine(target: Target, config: TrainConfig | None, settings: EvalSettings) -> Any:
-    """vLLM serving the target; a checkpoint in the dtype its base model was served in
-    during training (the learner saves float32)."""
-    from loomrl.engines.vllm import VLLMEngine, serving_dtype
-
-    args = dict(config.engine_args) if config is not None else {}
-    if config is not None:
-        args.setdefault("dtype", serving_dtype(resolve(config.model)))
-    return VLLMEngine(target.model, max_model_len=settings.max_len, seed=settings.seed, **args)
+    """vLLM serving the target, through the one engine factory; a checkpoint in the dtype
+    its base model was served in during training (the learner saves float32)."""
+    return engines.build_engine(
+        engines.EngineOrder(
+            target.model, max_len=settings.max_len, seed=settings.seed,
+            engine_args=config.engine_args if config is not None else {},
+            served_like=config.model if config is not None else None,
+        )
+    )  # fmt: skip
 
 
 def default_out() -> Path:

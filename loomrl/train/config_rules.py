@@ -1,0 +1,84 @@
+"""Cross-field rules of ``TrainConfig``'s shaping, KL and sync knobs; each refusal names
+its fields."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from loomrl.train.config import TrainConfig
+
+
+def check_knobs(config: TrainConfig) -> None:
+    """Raise ``ValueError`` for knobs that do not fit together; normalises a scalar
+    ``reward_clip`` to its symmetric bounds."""
+    if config.drift_coef and config.loss != "cpgd":
+        raise ValueError(f"drift_coef is cpgd's; loss = {config.loss!r} has no policy drift")
+    if config.loss == "cpgd" and config.clip_low >= 1:
+        raise ValueError(
+            f"loss = 'cpgd' clips ln ρ at ln(1 - clip_low): clip_low must be < 1, "
+            f"got {config.clip_low}"
+        )
+    if isinstance(config.reward_clip, (int, float)):
+        if config.reward_clip <= 0:
+            raise ValueError(f"reward_clip = {config.reward_clip}: a bound must be > 0")
+        config.reward_clip = (-float(config.reward_clip), float(config.reward_clip))
+    if config.reward_clip is not None and not config.reward_clip[0] < config.reward_clip[1]:
+        raise ValueError(f"reward_clip = {list(config.reward_clip)}: need low < high")
+    if config.overlong_buffer > config.overlong_limit():
+        raise ValueError(
+            f"overlong_buffer = {config.overlong_buffer} exceeds the overlong limit "
+            f"{config.overlong_limit()} (overlong_max_tokens, or max_tokens × max_turns)"
+        )
+    off = {"overlong_penalty_factor": 1.0, "overlong_max_tokens": None}  # the defaults
+    for name, default in off.items():
+        if getattr(config, name) != default and not config.overlong_buffer:
+            raise ValueError(f"{name} needs overlong_buffer > 0 (the penalty is off)")
+    needs_ref = [n for n in ("kl_target", "ref_refresh_every") if getattr(config, n)]
+    needs_ref += ["kl_in = 'reward'"] if config.kl_in == "reward" else []
+    if needs_ref and not config.kl_coef:
+        raise ValueError(f"{', '.join(needs_ref)} needs a reference: set kl_coef > 0")
+    if config.ref_refresh_every and config.lora is not None:
+        raise ValueError(
+            "ref_refresh_every cannot move a LoRA run's reference: it is the base model "
+            "with the adapters off (leave ref_refresh_every unset, or train all weights)"
+        )
+    lag = config.sync_weights_interval - 1
+    if lag > config.max_staleness:
+        raise ValueError(
+            f"sync_weights_interval = {config.sync_weights_interval} lets the engine's "
+            f"policy lag {lag} steps behind training: max_staleness must be >= {lag}, "
+            f"got {config.max_staleness}"
+        )
+
+
+def check_pool(steps: int | None, prompts_per_step: int) -> None:
+    """The examples every task draws up front stay within ``MAX_EXAMPLES``."""
+    from loomrl.config import MAX_EXAMPLES
+    from loomrl.train.config import example_pool
+
+    if steps is not None and example_pool(steps, prompts_per_step) > MAX_EXAMPLES:
+        raise ValueError(
+            f"steps x prompts_per_step draws {example_pool(steps, prompts_per_step):,} "
+            f"examples up front, more than {MAX_EXAMPLES:,}; train in shorter runs"
+        )
+
+
+def check_single_env(field: str, value: Any, data: Mapping[str, Any]) -> None:
+    """``env_args``, ``data`` and ``eval_data`` are the single env's: with ``tasks``, each
+    task has its own (``field`` is the one being validated, ``data`` the fields before)."""
+    if field == "tasks" and value and data.get("env_args"):
+        raise ValueError(
+            "env_args are the single env's; with tasks, give each task its own "
+            "[tasks.NAME.env_args]"
+        )
+    if field == "tasks" and value and data.get("data") is not None:
+        raise ValueError(
+            "data is the single env's; with tasks, give each task its own [tasks.NAME] data"
+        )
+    if field == "eval_data" and value is not None and data.get("tasks"):
+        raise ValueError(
+            "eval_data is the single env's; with tasks, hold eval rows out of each "
+            "task's data (eval_size or eval_split)"
+        )
