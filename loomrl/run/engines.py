@@ -1,7 +1,8 @@
 """The one place a run's engines are built.
 
-Every command asks for its engine here: ``build_engine(EngineOrder(...))`` is the only
-construction of a ``VLLMEngine`` in the commands (rollout, train, eval, generate), and
+Every command asks for its engine here: ``build_engine(EngineOrder(...))`` is how the
+commands (rollout, train, eval, generate) get a vLLM engine (by ``loomrl.engines.load``,
+where the one ``VLLMEngine`` construction is), and
 ``open_run_engine`` turns a run's replicas (``engines = [...]``, ``[ray]`` engine actors)
 into one engine through ``loomrl.engines.replicas.open_engines``. Tests replace
 ``build_engine`` (a module attribute, looked up at each call) with a scripted engine.
@@ -37,8 +38,9 @@ class EngineOrder:
 
 
 def build_engine(order: EngineOrder) -> Engine:
-    """vLLM in this process, as ``order`` says."""
-    from loomrl.engines.vllm import VLLMEngine, serving_dtype
+    """vLLM in this process, as ``order`` says (through ``loomrl.engines.load``)."""
+    from loomrl.engines import load
+    from loomrl.engines.vllm import serving_dtype
     from loomrl.models import resolve
 
     args = dict(order.engine_args)
@@ -48,7 +50,7 @@ def build_engine(order: EngineOrder) -> Engine:
         args["seed"] = order.seed
     if order.max_len is not None:
         args["max_model_len"] = order.max_len
-    return VLLMEngine(str(order.model), policy_version=order.policy_version, **args)
+    return load("vllm", model=str(order.model), policy_version=order.policy_version, **args)
 
 
 class EngineStarts:
