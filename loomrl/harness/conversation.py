@@ -14,7 +14,7 @@ import json
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from loomrl.envs.parsers import ToolCall, ToolCallError, ToolCallParser
+from loomrl.parsers import ToolCall, ToolCallError, ToolCallParser
 from loomrl.harness.protocol import ChatRequest
 
 Message = dict[str, Any]
