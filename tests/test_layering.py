@@ -9,6 +9,7 @@ imports inside functions count (a lazy import is still a dependency).
 from __future__ import annotations
 
 import ast
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -150,22 +151,25 @@ def upward(edges: list[Edge], layers: dict[str, int]) -> list[str]:
     return found
 
 
-def cycles(edges: list[Edge], known: dict[str, Path]) -> list[str]:
-    """Each strongly-connected set of more than one file, with the imports inside it."""
-    graph: dict[str, set[str]] = {m: set() for m in known}
-    for edge in edges:
-        graph[edge.source].add(edge.target)
+def _strong_components(graph: dict[str, set[str]]) -> list[list[str]]:
+    """Tarjan's algorithm, iterative: each strongly-connected set of more than one node."""
     index: dict[str, int] = {}
     low: dict[str, int] = {}
     stack: list[str] = []
     on_stack: set[str] = set()
     groups: list[list[str]] = []
 
-    def visit(start: str) -> None:  # Tarjan's algorithm, iterative (deep graphs are fine)
-        work = [(start, iter(sorted(graph[start])))]
-        index[start] = low[start] = len(index)
-        stack.append(start)
-        on_stack.add(start)
+    def enter(node: str) -> None:
+        index[node] = low[node] = len(index)
+        stack.append(node)
+        on_stack.add(node)
+        work.append((node, iter(sorted(graph.get(node, ())))))
+
+    for start in sorted(graph):
+        if start in index:
+            continue
+        work: list[tuple[str, Iterator[str]]] = []
+        enter(start)
         while work:
             node, children = work[-1]
             child = next(children, None)
@@ -174,33 +178,54 @@ def cycles(edges: list[Edge], known: dict[str, Path]) -> list[str]:
                 if work:
                     low[work[-1][0]] = min(low[work[-1][0]], low[node])
                 if low[node] == index[node]:
-                    group = []
-                    while True:
-                        member = stack.pop()
-                        on_stack.discard(member)
-                        group.append(member)
-                        if member == node:
-                            break
+                    group = [stack.pop()]
+                    while group[-1] != node:
+                        group.append(stack.pop())
+                    on_stack.difference_update(group)
                     if len(group) > 1:
                         groups.append(sorted(group))
             elif child not in index:
-                index[child] = low[child] = len(index)
-                stack.append(child)
-                on_stack.add(child)
-                work.append((child, iter(sorted(graph[child]))))
+                enter(child)
             elif child in on_stack:
                 low[node] = min(low[node], index[child])
+    return sorted(groups)
 
-    for module in sorted(graph):
-        if module not in index:
-            visit(module)
+
+def cycles(edges: list[Edge]) -> list[str]:
+    """Each set of files that import each other in a cycle, with the imports inside it."""
+    graph: dict[str, set[str]] = {}
+    for edge in edges:
+        graph.setdefault(edge.source, set()).add(edge.target)
     found = []
-    for group in sorted(groups):
+    for group in _strong_components(graph):
         members = set(group)
         inside = [str(e) for e in edges if e.source in members and e.target in members]
         shown = {e.source: str(e.path) for e in edges if e.source in members}
         files = ", ".join(shown[m] for m in group)
         found.append(f"cycle between {files}:\n    " + "\n    ".join(inside))
+    return found
+
+
+def package_cycles(edges: list[Edge], package: str) -> list[str]:
+    """Each set of top-level modules/packages that import each other in a cycle (within
+    one layer, where the layer check cannot see it), with the imports between them."""
+    graph: dict[str, set[str]] = {}
+    for edge in edges:
+        source, target = top_name(edge.source), top_name(edge.target)
+        if source != target:
+            graph.setdefault(source, set()).add(target)
+    found = []
+    for group in _strong_components(graph):
+        members = set(group)
+        across = [
+            str(e)
+            for e in edges
+            if top_name(e.source) in members
+            and top_name(e.target) in members
+            and top_name(e.source) != top_name(e.target)
+        ]
+        names = ", ".join(f"{package}.{n}" for n in group)
+        found.append(f"cycle between packages {names}:\n    " + "\n    ".join(across))
     return found
 
 
@@ -212,7 +237,12 @@ def unassigned(root: Path, layers: dict[str, int]) -> list[str]:
 
 def violations(root: Path, layers: dict[str, int]) -> list[str]:
     edges = walk(root)
-    return [*unassigned(root, layers), *upward(edges, layers), *cycles(edges, modules(root))]
+    return [
+        *unassigned(root, layers),
+        *upward(edges, layers),
+        *cycles(edges),
+        *package_cycles(edges, root.name),
+    ]
 
 
 def long_files(root: Path, limit: int = MAX_LINES) -> list[str]:
@@ -264,7 +294,8 @@ def test_walker_finds_upward_imports_cycles_and_unplaced_names(tmp_path: Path) -
     assert found[1] == "fake/low.py:2 fake.low -> fake.high (layer 1 -> 2)"
     assert found[2].startswith("cycle between fake/high.py, fake/low.py:")
     assert "fake/high.py:1 fake.high -> fake.low" in found[2]
-    assert len(found) == 3
+    assert found[3].startswith("cycle between packages fake.high, fake.low:")
+    assert len(found) == 4
     edges = {(e.source, e.target) for e in walk(root)}
     assert ("fake", "fake.top.main") in edges  # `from x import submodule` reaches the submodule
     assert ("fake", "fake.top") not in edges  # ... but not every parent `__init__`
@@ -289,6 +320,25 @@ def test_walker_skips_type_checking_imports_only(tmp_path: Path) -> None:
     found = violations(_write(tmp_path, files), layers)
     assert found[0] == "fake/low.py:10 fake.low -> fake.high (layer 1 -> 2)"
     assert found[1].startswith("cycle between fake/high.py, fake/low.py:")
+
+
+def test_walker_finds_a_cycle_between_packages_of_one_layer(tmp_path: Path) -> None:
+    """No file cycle, but `a` and `b` need each other: neither can be understood alone."""
+    files = {
+        "fake/__init__.py": "",
+        "fake/a/__init__.py": "",
+        "fake/a/x.py": "from fake.b.y import f\n",
+        "fake/a/w.py": "",
+        "fake/b/__init__.py": "",
+        "fake/b/y.py": "def f():\n    pass\n",
+        "fake/b/z.py": "from fake.a import w\n",
+    }
+    found = violations(_write(tmp_path, files), {"a": 1, "b": 1, "__init__": 2})
+    assert found == [
+        "cycle between packages fake.a, fake.b:\n"
+        "    fake/a/x.py:1 fake.a.x -> fake.b.y\n"
+        "    fake/b/z.py:1 fake.b.z -> fake.a.w"
+    ]
 
 
 def test_walker_counts_lines_as_wc(tmp_path: Path) -> None:

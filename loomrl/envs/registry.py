@@ -64,7 +64,7 @@ def resolve(ref: Callable[..., Any] | str) -> Callable[..., Any]:
 
 def _split(ref: str) -> tuple[str, str]:
     """``"module:attribute"`` as its two parts (``ValueError`` if it is not that shape)."""
-    module, colon, attribute = ref.partition(":")
+    module, _, attribute = ref.partition(":")
     if not module or not attribute or ":" in attribute:
         raise ValueError(f"a factory reference is 'module:attribute', not {ref!r}")
     return module, attribute

@@ -26,8 +26,8 @@ from typing import Any
 
 from loomrl import parsers
 from loomrl.envs.base import Environment, EnvState, EnvStep, Message, call
-from loomrl.parsers import ParsedCall, ToolCallError
 from loomrl.envs.schema import function_schema, validate_arguments
+from loomrl.parsers import ParsedCall, ToolCallError
 
 #: The parameter name through which a tool receives its episode's ``EnvState``.
 STATE_PARAMETER = "state"
