@@ -4,7 +4,8 @@ A multi-turn trajectory is built by *concatenation*: ``prompt_ids(messages)``, t
 model's own tokens, then ``glue_ids(env_messages)``, then the model's tokens again, and so
 on. History is never re-rendered, because many templates do not round-trip (Qwen3 strips
 earlier ``<think>`` blocks, some templates strip whitespace); a re-render would train on
-tokens the model never saw. ``verify`` re-renders on purpose, to measure that drift.
+tokens the model never saw. ``loomrl.token_check.verify`` re-renders on purpose, to
+measure that drift.
 
 The glue between two model turns (close the assistant turn, render the environment's
 messages, open the next generation prompt) is not hand-written per template: it is cut out
@@ -37,20 +38,11 @@ from typing import TYPE_CHECKING, Any
 
 from loomrl.codec import fast_decoder, fast_encoder
 from loomrl.lru import CacheStats, LRUCache, freeze
-from loomrl.token_check import VerifyResult, verify  # part of this module's public API
 
 if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerBase
 
-__all__ = [
-    "CacheStats",
-    "ChatTokenizer",
-    "LRUCache",
-    "TemplateError",
-    "TemplateWarning",
-    "VerifyResult",
-    "verify",
-]
+__all__ = ["ChatTokenizer", "TemplateError", "TemplateWarning"]
 
 # Marker contents: plain ASCII that tokenizes the same anywhere and never occurs in templates.
 PROBE = "LoomrlProbe7d1e"
@@ -86,6 +78,16 @@ def _check_text(messages: Sequence[Mapping[str, Any]], *, images: bool = False) 
                 "content, not text: this token layer renders text messages only (images "
                 "need a vision-language model's processor)"
             )
+
+
+def _image_placeholders(message: Mapping[str, Any]) -> dict[str, Any]:
+    """``message`` (checked by ``_check_text``) with each image part reduced to
+    ``{"type": "image"}``: what a template renders, one placeholder per image, and what a
+    cache key may hold. (``loomrl.vision`` sits above this layer and loads the images.)"""
+    content = message.get("content")
+    if isinstance(content, list):
+        content = [p if p.get("type") == "text" else {"type": "image"} for p in content]
+    return {**message, "content": content}
 
 
 def _text_or_image(part: Any) -> bool:
@@ -270,9 +272,7 @@ class ChatTokenizer:
         if not any(type(m.get("content")) is not str for m in messages):
             return messages
         _check_text(messages, images=self.takes_images)
-        from loomrl.vision.images import without_pixels
-
-        return without_pixels(messages)
+        return [_image_placeholders(m) for m in messages]
 
     def decode(self, ids: Sequence[int]) -> str:
         """Text of ``ids`` with special tokens kept, so markers stay visible."""

@@ -7,7 +7,8 @@ from collections.abc import Collection, Sequence
 from dataclasses import replace
 from typing import Any
 
-from loomrl.tokens import ChatTokenizer, verify
+from loomrl.token_check import verify
+from loomrl.tokens import ChatTokenizer
 from loomrl.types import CONTINUED, Trajectory
 from loomrl.vision.images import image_hash, load_message_images
 from loomrl.vision.tokens import block_starts, collapse

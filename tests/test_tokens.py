@@ -11,8 +11,10 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from transformers import AutoTokenizer
 
+from loomrl.lru import LRUCache
 from loomrl.models import resolve
-from loomrl.tokens import ChatTokenizer, LRUCache, TemplateError, TemplateWarning, verify
+from loomrl.token_check import verify
+from loomrl.tokens import ChatTokenizer, TemplateError, TemplateWarning
 
 QWEN3_TEMPLATE = (Path(__file__).parent / "data" / "qwen3_chat_template.jinja").read_text()
 # GLM-4.5's chat format: nothing closes an assistant turn, the model ends it by emitting

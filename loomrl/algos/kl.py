@@ -14,7 +14,7 @@ per-token sample of ``KL(p ‖ q) = E_{x∼p}[log p(x) - log q(x)]``::
 
 Shapes: ``logp``, ``logp_ref``: ``[B, T]`` (or any equal shapes) → per-token ``[B, T]``.
 The estimators are differentiable (use them as a KL loss term) and do not apply a mask:
-reduce them with ``masked_mean`` (re-exported here from ``loomrl.algos.stats``).
+reduce them with ``loomrl.algos.stats.masked_mean``.
 
 Departure from the formulas: ``k3`` clamps ``log r`` to ``[-K3_MAX_LOG_RATIO,
 K3_MAX_LOG_RATIO]`` (20) before ``exp`` so that one extreme token cannot produce inf; verl
@@ -28,7 +28,7 @@ from collections.abc import Callable
 import torch
 from torch import Tensor
 
-from loomrl.algos.stats import as_bool_mask, last_token_mask, masked_mean
+from loomrl.algos.stats import as_bool_mask, last_token_mask
 
 __all__ = [
     "K3_MAX_LOG_RATIO",
@@ -38,7 +38,6 @@ __all__ = [
     "k2",
     "k3",
     "kl_penalty_in_reward",
-    "masked_mean",
 ]
 
 K3_MAX_LOG_RATIO = 20.0

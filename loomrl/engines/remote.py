@@ -20,7 +20,8 @@ the context length and refuses a server that serves another model or tokenizer.
 
 Weights travel through a shared filesystem: ``update_weights`` writes a safetensors file
 to ``/dev/shm`` and asks the server (``/collective_rpc`` ``loomrl_load_weights``) to read
-it, so the trainer and the server must run on the same machine (or share that path).
+it (``remote_weights``), so the trainer and the server must run on the same machine (or
+share that path).
 Measured on this 2-core CPU (shared with two training runs):
 1.65 s median for the default model (SmolLM2-135M, bf16; ``benchmarks/remote_weight_sync.py``),
 ~1.2 s for tiny-random: mostly the server's in-place reload and the pause/resume round trips.
@@ -30,15 +31,13 @@ from __future__ import annotations
 
 import asyncio
 import itertools
-import os
-import tempfile
 import time
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from loomrl.engines.base import EngineUnavailable, check_prompt, tokens_left
+from loomrl.engines.base import check_prompt, tokens_left
 from loomrl.engines.remote_check import ServerModel, identify
 from loomrl.engines.remote_http import HttpSession, RemoteEngineError
 from loomrl.engines.remote_images import (
@@ -49,13 +48,14 @@ from loomrl.engines.remote_images import (
     scale_out_hint,
 )
 from loomrl.engines.remote_sampling import NEUTRAL, sampling_fields
+from loomrl.engines.remote_weights import load_weights, reset_prefix_cache
 from loomrl.types import Completion, SamplingParams
 
 if TYPE_CHECKING:
     import httpx
     import torch
 
-__all__ = ["EngineUnavailable", "RemoteEngine", "RemoteEngineError"]
+__all__ = ["RemoteEngine"]
 
 
 @dataclass
@@ -336,10 +336,6 @@ class RemoteEngine:
         clears its prefix cache and resumes. ``policy_version`` becomes ``version``
         (default: one more). Returns seconds taken.
         """
-        from safetensors.torch import save_file
-
-        from loomrl.engines.vllm import _checkpoint_tensors, _shared_memory_dir
-
         server = await self.check()
         if not server.dev_mode:
             raise RemoteEngineError(
@@ -353,12 +349,7 @@ class RemoteEngine:
             await self._http.request("POST", "/pause", params=pause)
             await self.abort()  # whatever the pause did not end (e.g. still connecting)
             try:
-                with tempfile.TemporaryDirectory(dir=_shared_memory_dir()) as tmp:
-                    os.chmod(tmp, 0o755)  # the server may run as another user
-                    path = os.path.join(tmp, "weights.safetensors")
-                    save_file(_checkpoint_tensors(weights, server.torch_dtype()), path)
-                    os.chmod(path, 0o644)
-                    await self._load(path)
+                await load_weights(self._http, self.url, weights, server.torch_dtype())
                 await self.reset_prefix_cache()
                 new = self._policy_version + 1 if version is None else version
                 await self._http.request(
@@ -372,29 +363,6 @@ class RemoteEngine:
             self._updating = None
         return time.perf_counter() - start
 
-    async def _load(self, path: str) -> None:
-        body = {"method": "loomrl_load_weights", "args": [path]}
-        try:
-            await self._http.request("POST", "/collective_rpc", json_body=body, timeout=3600)
-        except RemoteEngineError as exc:
-            if "loomrl_load_weights" in str(exc) and "attribute" in str(exc):
-                raise RemoteEngineError(
-                    f"vLLM server at {self.url} has no loomrl weight loader: start it with "
-                    "`loomrl serve` (--worker-extension-cls "
-                    "loomrl.engines.vllm_worker.WeightLoader)"
-                ) from None
-            if "No such file" in str(exc):
-                raise RemoteEngineError(
-                    f"vLLM server at {self.url} cannot read the weight file {path}: the "
-                    "server and the trainer must share a filesystem"
-                ) from None
-            raise
-
     async def reset_prefix_cache(self) -> None:
         """Clear the server's prefix cache (a weight update does; benchmarks compare from empty)."""
-        for _ in range(50):  # fails while blocks are held (an abort still draining)
-            reply = await self._http.request("POST", "/reset_prefix_cache")
-            if reply is None or reply.get("success", True):
-                return
-            await asyncio.sleep(0.1)
-        raise RemoteEngineError(f"vLLM server at {self.url} could not clear its prefix cache")
+        await reset_prefix_cache(self._http, self.url)

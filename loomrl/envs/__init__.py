@@ -1,4 +1,4 @@
-"""Environments: the ``Environment`` contract, ``ToolEnv``, tool-call parsers, built-ins.
+"""Environments: the ``Environment`` contract, ``ToolEnv``, the registry, built-ins.
 
 ``load(name, **kw)`` builds a registered environment; ``available()`` lists them.
 """

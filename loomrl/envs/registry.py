@@ -8,6 +8,10 @@ size=8)`` call ``factory("leg_counting", size=8)`` (adapters to other packages' 
 Installed packages add environments through the entry-point group ``loomrl.envs``
 (``name = "package.module:Factory"``): a name found nowhere else is looked up there and
 registered on first use, so ``loomrl rollout --env name`` finds a package's own env.
+A factory (and a family's ``check``) may be given as a ``"module:attribute"`` string,
+imported when the environment is first loaded: that is how an environment defined in a
+package above ``envs`` (the ``harness`` and ``verifiers:`` environments) is registered
+here without ``envs`` importing it.
 A family may give ``check`` (raise ``ValueError`` for an unknown member, cheaply: it runs
 before any engine starts) and ``members`` (list them, for ``loomrl envs PREFIX``).
 ``check_args`` checks keyword arguments against the factory's signature and type hints
@@ -18,6 +22,7 @@ an ``EnvArgsError`` naming the environment, the argument and what it takes.
 from __future__ import annotations
 
 import functools
+import importlib
 import importlib.metadata
 import inspect
 import typing
@@ -36,17 +41,38 @@ from loomrl.envs.guess_number import GuessNumberEnv
 from loomrl.envs.python_tool import PythonToolEnv
 from loomrl.envs.qa import QAEnv
 from loomrl.envs.shapes import ShapesEnv
-from loomrl.harness import verifiers as vf_adapter
-from loomrl.harness.env import HarnessEnv
 from loomrl.redact import redact_text, redact_value
 
 EnvFactory = Callable[..., Environment]
 ENTRY_POINTS = "loomrl.envs"
 
 
+def resolve(ref: Callable[..., Any] | str) -> Callable[..., Any]:
+    """``ref`` itself, or the object a ``"module:attribute"`` string names, imported now
+    (``ValueError`` naming it when the module does not import or has no such callable)."""
+    if not isinstance(ref, str):
+        return ref
+    module, attribute = _split(ref)
+    try:
+        found = getattr(importlib.import_module(module), attribute)
+    except (ImportError, AttributeError) as exc:
+        raise ValueError(f"cannot load {ref}: {type(exc).__name__}: {exc}") from exc
+    if not callable(found):
+        raise ValueError(f"{ref} is not callable")
+    return found
+
+
+def _split(ref: str) -> tuple[str, str]:
+    """``"module:attribute"`` as its two parts (``ValueError`` if it is not that shape)."""
+    module, _, attribute = ref.partition(":")
+    if not module or not attribute or ":" in attribute:
+        raise ValueError(f"a factory reference is 'module:attribute', not {ref!r}")
+    return module, attribute
+
+
 @dataclass(frozen=True, slots=True)
 class _Entry:
-    factory: EnvFactory
+    factory: EnvFactory | str
     description: str
 
 
@@ -55,19 +81,24 @@ _ENVS: dict[str, _Entry] = {}
 
 @dataclass(frozen=True, slots=True)
 class _Family:
-    factory: Callable[..., Environment]
+    factory: Callable[..., Environment] | str
     description: str
-    check: Callable[[str], None] | None
+    check: Callable[[str], None] | str | None
     members: Callable[[], list[str]] | None
 
 
 _FAMILIES: dict[str, _Family] = {}
 
 
-def register(name: str, factory: EnvFactory, description: str, *, replace: bool = False) -> None:
-    """Make ``load(name, **kw)`` return ``factory(**kw)``; a taken name needs ``replace``."""
+def register(
+    name: str, factory: EnvFactory | str, description: str, *, replace: bool = False
+) -> None:
+    """Make ``load(name, **kw)`` return ``factory(**kw)``; a taken name needs ``replace``.
+    ``factory`` may be a ``"module:attribute"`` string, imported on first load."""
     if not name or ":" in name or name != name.strip():
         raise ValueError(f"invalid environment name {name!r}")
+    if isinstance(factory, str):
+        _split(factory)
     if name in _ENVS and not replace:
         raise ValueError(f"environment {name!r} is already registered (pass replace=True)")
     _ENVS[name] = _Entry(factory, " ".join(description.split()))
@@ -75,10 +106,10 @@ def register(name: str, factory: EnvFactory, description: str, *, replace: bool 
 
 def register_family(
     prefix: str,
-    factory: Callable[..., Environment],
+    factory: Callable[..., Environment] | str,
     description: str,
     *,
-    check: Callable[[str], None] | None = None,
+    check: Callable[[str], None] | str | None = None,
     members: Callable[[], list[str]] | None = None,
     replace: bool = False,
 ) -> None:
@@ -86,11 +117,15 @@ def register_family(
 
     ``check(member)`` (optional) raises ``ValueError`` for a member that does not exist;
     ``load`` and ``check_args`` call it before the factory. ``members()`` (optional) lists
-    the member names (``family_members``)."""
+    the member names (``family_members``). ``factory`` and ``check`` may be
+    ``"module:attribute"`` strings, imported on first use."""
     if not prefix or ":" in prefix or prefix != prefix.strip():
         raise ValueError(f"invalid environment family {prefix!r}")
     if prefix in _FAMILIES and not replace:
         raise ValueError(f"environment family {prefix!r} is already registered")
+    for ref in (factory, check):
+        if isinstance(ref, str):
+            _split(ref)
     _FAMILIES[prefix] = _Family(factory, " ".join(description.split()), check, members)
 
 
@@ -185,7 +220,7 @@ def _factory(name: str) -> EnvFactory:
     bound (checked by the family's ``check``)."""
     entry = _ENVS.get(name) or _plugin(name)
     if entry is not None:
-        return entry.factory
+        return resolve(entry.factory)
     prefix, colon, member = name.partition(":")
     family = _FAMILIES.get(prefix) if colon else None
     if family is None:
@@ -196,8 +231,8 @@ def _factory(name: str) -> EnvFactory:
     if not member.strip():
         raise ValueError(f"environment {name!r} names no {prefix} member after the colon")
     if family.check is not None:
-        family.check(member)
-    return _bound(family.factory, member)
+        resolve(family.check)(member)
+    return _bound(resolve(family.factory), member)
 
 
 def _entry_points() -> list[importlib.metadata.EntryPoint]:
@@ -288,7 +323,7 @@ register(
 )
 register(
     "harness",
-    HarnessEnv,
+    "loomrl.harness.env:HarnessEnv",
     "an agent program (program='module:fn' or command=[...]) using the OpenAI chat API",
 )
 register_family(
@@ -300,5 +335,9 @@ register_family(
     check=ta_adapter.check, members=ta_adapter.game_ids,
 )  # fmt: skip
 register_family(
-    "verifiers", vf_adapter.verifiers_env, vf_adapter.DESCRIPTION, check=vf_adapter.check,
-)  # fmt: skip
+    "verifiers",
+    "loomrl.harness.verifiers:verifiers_env",
+    "verifiers v1 tasksets by module name, e.g. verifiers:my_taskset, played with their "
+    "own rewards (needs loomrl[verifiers])",
+    check="loomrl.harness.verifiers:check",
+)

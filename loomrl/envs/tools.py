@@ -24,10 +24,10 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from loomrl.envs import parsers
+from loomrl import parsers
 from loomrl.envs.base import Environment, EnvState, EnvStep, Message, call
-from loomrl.envs.parsers import ParsedCall, ToolCallError
 from loomrl.envs.schema import function_schema, validate_arguments
+from loomrl.parsers import ParsedCall, ToolCallError
 
 #: The parameter name through which a tool receives its episode's ``EnvState``.
 STATE_PARAMETER = "state"

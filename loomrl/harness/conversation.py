@@ -14,8 +14,8 @@ import json
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from loomrl.envs.parsers import ToolCall, ToolCallError, ToolCallParser
 from loomrl.harness.protocol import ChatRequest
+from loomrl.parsers import ToolCall, ToolCallError, ToolCallParser
 
 Message = dict[str, Any]
 

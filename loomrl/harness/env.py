@@ -19,7 +19,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from loomrl.envs import parsers
+from loomrl import parsers
 from loomrl.envs.base import (
     Environment,
     EnvState,

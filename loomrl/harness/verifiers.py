@@ -31,10 +31,6 @@ from loomrl.envs.base import EnvState, EnvStep, Message, Score
 from loomrl.harness.env import HarnessEnv, HarnessOutcome
 from loomrl.harness.program import HarnessRun
 
-DESCRIPTION = (
-    "verifiers v1 tasksets by module name, e.g. verifiers:my_taskset, played with their "
-    "own rewards (needs loomrl[verifiers])"
-)
 API_KEY_VAR = "LOOMRL_VERIFIERS_API_KEY"
 """verifiers reads the endpoint's key from this variable; the session URL is the key."""
 DEFAULT_HARNESS = "null"

@@ -3,6 +3,6 @@ config (the loop that drives them is ``loomrl.run.train``)."""
 
 from loomrl.train.config import TrainConfig
 from loomrl.train.learner import Learner, LearnerConfig
-from loomrl.train.loss import policy_loss, token_weights
+from loomrl.train.losses import policy_loss, token_weights
 
 __all__ = ["Learner", "LearnerConfig", "TrainConfig", "policy_loss", "token_weights"]

@@ -351,9 +351,3 @@ class TrainConfig(BaseModel):
             device = "cuda" if torch.cuda.is_available() else "cpu"
             return "bfloat16" if fast_bf16(device) else None
         return None if self.autocast == "none" else self.autocast
-
-
-def example_pool(steps: int, prompts_per_step: int) -> int:
-    """Examples each task draws up front: enough for every step even with over-sampling
-    and filtering."""
-    return steps * prompts_per_step * 4 + 64

@@ -6,6 +6,8 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
+from loomrl.config import MAX_EXAMPLES
+
 if TYPE_CHECKING:
     from loomrl.train.config import TrainConfig
 
@@ -55,9 +57,6 @@ def check_knobs(config: TrainConfig) -> None:
 
 def check_pool(steps: int | None, prompts_per_step: int) -> None:
     """The examples every task draws up front stay within ``MAX_EXAMPLES``."""
-    from loomrl.config import MAX_EXAMPLES
-    from loomrl.train.config import example_pool
-
     if steps is not None and example_pool(steps, prompts_per_step) > MAX_EXAMPLES:
         raise ValueError(
             f"steps x prompts_per_step draws {example_pool(steps, prompts_per_step):,} "
@@ -82,3 +81,9 @@ def check_single_env(field: str, value: Any, data: Mapping[str, Any]) -> None:
             "eval_data is the single env's; with tasks, hold eval rows out of each "
             "task's data (eval_size or eval_split)"
         )
+
+
+def example_pool(steps: int, prompts_per_step: int) -> int:
+    """Examples each task draws up front: enough for every step even with over-sampling
+    and filtering."""
+    return steps * prompts_per_step * 4 + 64

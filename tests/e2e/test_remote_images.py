@@ -12,7 +12,7 @@ import loomrl
 from loomrl.engines.remote import RemoteEngine
 from loomrl.engines.serve import free_port, start_server
 from loomrl.envs.shapes import ShapesEnv
-from loomrl.tokens import verify
+from loomrl.token_check import verify
 from loomrl.types import SamplingParams, Status
 from loomrl.vision.images import image_hash, load_message_images
 from loomrl.vision.tokens import block_starts, vision_chat

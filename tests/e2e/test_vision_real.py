@@ -19,7 +19,7 @@ from loomrl.envs.shapes import ShapesEnv
 from loomrl.experience import compute_logprobs, make_experience, pack, pad
 from loomrl.models.loading import load_lm
 from loomrl.runs import load_trajectories, write_trajectories
-from loomrl.tokens import verify
+from loomrl.token_check import verify
 from loomrl.train.learner import Learner, LearnerConfig
 from loomrl.train.lora import sync_weights
 from loomrl.types import SamplingParams, Status

@@ -15,10 +15,10 @@ from hypothesis import strategies as st
 from loomrl.envs import load
 from loomrl.envs.answers import NUMBER, Answer, extract_answer, parse_number, same_number, unwrap
 from loomrl.envs.guess_number import MAX_DIGITS, GuessNumberEnv, first_int
-from loomrl.envs.parsers import HermesParser, ToolCall, ToolCallError
 from loomrl.envs.qa import choice
 from loomrl.envs.qa.checks import formatted
 from loomrl.envs.qa.mathcheck import math_target
+from loomrl.parsers import HermesParser, ToolCall, ToolCallError
 
 BOUND_S = 0.05  # per parse of a 100k-character reply
 SIZE = 100_000

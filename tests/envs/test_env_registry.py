@@ -66,3 +66,25 @@ def test_factory_must_return_an_environment(clean_registry):
     register("not_env", lambda: object(), "broken")
     with pytest.raises(TypeError, match="not an Environment"):
         load("not_env")
+
+
+def test_a_factory_named_by_string_is_imported_on_first_load(clean_registry):
+    register("by_name", "loomrl.envs.arith:ArithEnv", "arith, by reference")
+    assert available()["by_name"] == "arith, by reference"
+    env = load("by_name", terms=3)
+    assert env.name == "arith" and env.terms == 3
+    register("missing", "loomrl.envs.arith:NoSuchEnv", "broken")
+    with pytest.raises(ValueError, match=r"cannot load loomrl.envs.arith:NoSuchEnv"):
+        load("missing")
+    with pytest.raises(ValueError, match="'module:attribute'"):
+        register("bad_ref", "loomrl.envs.arith", "no attribute")
+
+
+def test_harness_envs_are_registered_without_importing_the_harness():
+    """``envs`` sits below ``harness``: its registry names the harness's envs by string."""
+    assert registry._ENVS["harness"].factory == "loomrl.harness.env:HarnessEnv"
+    assert registry._FAMILIES["verifiers"].check == "loomrl.harness.verifiers:check"
+    from loomrl.harness.env import HarnessEnv
+
+    assert registry._factory("harness") is HarnessEnv
+    assert "verifiers:NAME" in available()

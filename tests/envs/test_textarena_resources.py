@@ -15,7 +15,8 @@ import nltk.data
 import pytest
 
 from loomrl.envs import load
-from loomrl.envs.adapters.textarena import Unavailable, check
+from loomrl.envs.adapters.textarena import check
+from loomrl.envs.adapters.textarena_sandbox import Unavailable
 
 WORDS = ["apple", "house", "table", "chair", "plant"]
 

@@ -6,8 +6,9 @@ from __future__ import annotations
 
 import pytest
 
-from loomrl.envs import EnvState, ToolEnv, advance, parsers
-from loomrl.envs.parsers import MAX_CALLS, ToolCall, ToolCallError
+from loomrl import parsers
+from loomrl.envs import EnvState, ToolEnv, advance
+from loomrl.parsers import MAX_CALLS, ToolCall, ToolCallError
 
 WEATHER = {
     "type": "function",

@@ -8,7 +8,7 @@ import copy
 import itertools
 import json
 
-from loomrl.envs import parsers
+from loomrl import parsers
 from loomrl.harness.conversation import answer_message, extension, rendered, same_message
 
 HERMES = parsers.get("hermes")

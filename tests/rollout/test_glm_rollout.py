@@ -18,7 +18,8 @@ from contract import check_contract
 
 import loomrl
 from loomrl.envs.base import Environment, EnvState, EnvStep
-from loomrl.tokens import ChatTokenizer, TemplateWarning, verify
+from loomrl.token_check import verify
+from loomrl.tokens import ChatTokenizer, TemplateWarning
 
 TEMPLATE = (Path(__file__).parent.parent / "data" / "glm4moe_chat_template.jinja").read_text()
 MARKERS = ["[gMASK]", "<sop>", "<|system|>", "<|user|>", "<|assistant|>", "<|observation|>"]

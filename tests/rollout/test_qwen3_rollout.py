@@ -11,7 +11,8 @@ import pytest
 
 import loomrl
 from loomrl.envs.base import Environment, EnvState, EnvStep
-from loomrl.tokens import ChatTokenizer, verify
+from loomrl.token_check import verify
+from loomrl.tokens import ChatTokenizer
 
 TEMPLATE = (Path(__file__).parent.parent / "data" / "qwen3_chat_template.jinja").read_text()
 

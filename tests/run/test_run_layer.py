@@ -52,7 +52,10 @@ def test_a_rollout_run_directory_from_an_earlier_version_resumes(tmp_path):
     (run / "buffer.sqlite").touch()  # named only; its content is the producer's to check
     config = resume_rollout_config(run)
     assert (config.env, config.examples, config.first_tokens, config.turn_reward) == (
-        "arith", 6, 2, "sum"
+        "arith",
+        6,
+        2,
+        "sum",
     )
     assert config.out == run
 
@@ -69,9 +72,7 @@ def test_a_train_run_directory_from_an_earlier_version_loads(tmp_path):
     assert config.model_dump(mode="json")["lr"] == recorded["lr"]
 
 
-def test_a_training_run_builds_its_engine_once_and_each_env_once(
-    tmp_path, tokenizer, monkeypatch
-):
+def test_a_training_run_builds_its_engine_once_and_each_env_once(tmp_path, tokenizer, monkeypatch):
     built: list[str] = []
     real_load = train_plan.load_env
 

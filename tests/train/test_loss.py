@@ -20,7 +20,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from loomrl.algos.kl import k3
-from loomrl.train.loss import AGGREGATIONS, policy_loss, token_weights
+from loomrl.train.losses import AGGREGATIONS, policy_loss, token_weights
 
 PROPERTY = settings(max_examples=60, deadline=None)
 

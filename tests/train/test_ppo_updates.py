@@ -17,7 +17,7 @@ from loomrl.experience import compute_logprobs, forward_scores, micro_batches
 from loomrl.models import resolve
 from loomrl.train import minibatch
 from loomrl.train.learner import Learner, sample_of_token
-from loomrl.train.loss import policy_loss, token_weights
+from loomrl.train.losses import policy_loss, token_weights
 
 SHAPES = [(5, 4, [1, 1, 1, 1]), (2, 7, [1, 1, 0, 0, 1, 1, 1]), (9, 3, [0, 1, 1]),
           (3, 5, [1] * 5), (4, 6, [1] * 6), (6, 2, [1, 1])]  # fmt: skip

@@ -9,7 +9,7 @@ import pytest
 from PIL import Image
 
 from loomrl.models import resolve
-from loomrl.tokens import verify
+from loomrl.token_check import verify
 from loomrl.vision.images import without_pixels
 from loomrl.vision.tokens import block_starts, collapse, vision_chat
 

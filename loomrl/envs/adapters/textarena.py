@@ -28,7 +28,7 @@ from typing import Any
 
 from loomrl.envs.adapters.textarena_game import DEFAULT_MAX_TURNS, NO_NEWS, Game, load_spec
 from loomrl.envs.adapters.textarena_opponents import parse
-from loomrl.envs.adapters.textarena_sandbox import Unavailable, import_textarena
+from loomrl.envs.adapters.textarena_sandbox import import_textarena
 from loomrl.envs.base import (
     Environment,
     EnvState,
@@ -39,7 +39,7 @@ from loomrl.envs.base import (
     state_from_plain,
 )
 
-__all__ = ["TextArenaEnv", "Unavailable", "check", "game_ids"]
+__all__ = ["TextArenaEnv", "check", "game_ids"]
 DESCRIPTION = (
     "TextArena games by id, e.g. textarena:GuessTheNumber-v0; multi-player ones against "
     "env_args opponent='random' (needs loomrl[envs])"

@@ -9,7 +9,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from loomrl.envs import parsers
+from loomrl import parsers
 
 BOUND_S = 0.05  # per parse of a 100k-character reply
 SIZE = 100_000

@@ -6,8 +6,8 @@ import json
 
 import pytest
 
-from loomrl.envs import parsers
-from loomrl.envs.parsers import HermesParser, ToolCall, ToolCallError
+from loomrl import parsers
+from loomrl.parsers import HermesParser, ToolCall, ToolCallError
 
 hermes = HermesParser()
 

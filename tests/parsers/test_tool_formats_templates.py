@@ -14,8 +14,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from loomrl.envs import parsers
-from loomrl.envs.parsers import ToolCall
+from loomrl import parsers
+from loomrl.parsers import ToolCall
 
 TEMPLATES = Path(__file__).parents[1] / "fixtures" / "chat_templates"
 

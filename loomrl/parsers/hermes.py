@@ -6,7 +6,7 @@ import json
 import re
 from typing import Any
 
-from loomrl.envs.parsers.base import MAX_CALLS, ParsedCall, Tools, decode_call, too_many
+from loomrl.parsers.base import MAX_CALLS, ParsedCall, Tools, decode_call, too_many
 
 
 class HermesParser:

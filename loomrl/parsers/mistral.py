@@ -6,7 +6,7 @@ import json
 import re
 from typing import Any
 
-from loomrl.envs.parsers.base import (
+from loomrl.parsers.base import (
     MAX_CALLS,
     ParsedCall,
     ToolCallError,

@@ -9,7 +9,7 @@ the environment can answer it with an error message.
 
 from __future__ import annotations
 
-from loomrl.envs.parsers.base import (
+from loomrl.parsers.base import (
     MAX_CALLS,
     ParsedCall,
     ToolCall,
@@ -17,11 +17,11 @@ from loomrl.envs.parsers.base import (
     ToolCallParser,
     Tools,
 )
-from loomrl.envs.parsers.harmony import HarmonyParser
-from loomrl.envs.parsers.hermes import HermesParser
-from loomrl.envs.parsers.llama3 import Llama3JsonParser
-from loomrl.envs.parsers.mistral import MistralParser
-from loomrl.envs.parsers.qwen3_coder import Qwen3CoderParser
+from loomrl.parsers.harmony import HarmonyParser
+from loomrl.parsers.hermes import HermesParser
+from loomrl.parsers.llama3 import Llama3JsonParser
+from loomrl.parsers.mistral import MistralParser
+from loomrl.parsers.qwen3_coder import Qwen3CoderParser
 
 _PARSERS: dict[str, ToolCallParser] = {}
 
