@@ -26,7 +26,8 @@ from loomrl.run.eval_tasks import eval_tasks
 from loomrl.run.metrics_log import read_rows
 from loomrl.rundir import RunDir, RunDirError
 from loomrl.train.checkpoint import Checkpoint, check_checkpoint, list_checkpoints
-from loomrl.train.config import TrainConfig, example_pool
+from loomrl.train.config import TrainConfig
+from loomrl.train.config_rules import example_pool
 from loomrl.train.eval_set import EvalTask
 
 
@@ -112,10 +113,9 @@ def check_resumable(run: RunDir, config: TrainConfig) -> Checkpoint:
     """Everything resuming reads, checked before anything is changed or started: the
     newest checkpoint (its ``state.json`` files, ``.pt`` files and model directory), the
     metric rows, the step files' directory and the replay-buffer log."""
-    run.check_resumable("train", (run.config.name,))
     checkpoints = list_checkpoints(run.path)
     if not checkpoints:
-        raise RunDirError(
+        raise FileNotFoundError(
             f"{run.path} has no checkpoint to resume from (the first comes after step "
             f"{config.checkpoint_every}); start it again with `loomrl train --out {run.path} "
             "--overwrite`"

@@ -18,6 +18,7 @@ from transformers import AutoModelForCausalLM
 
 from loomrl.cli.train_view import table
 from loomrl.models import resolve
+from loomrl.run.resume import extend_steps
 from loomrl.run.train_report import report
 from loomrl.train.checkpoint import (
     CheckpointError,
@@ -26,7 +27,7 @@ from loomrl.train.checkpoint import (
     load_learner_state,
     save_checkpoint,
 )
-from loomrl.train.config import TrainConfig, extend_steps
+from loomrl.train.config import TrainConfig
 from loomrl.train.learner import LearnerConfig
 
 EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "arith-grpo.toml"
