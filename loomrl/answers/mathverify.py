@@ -9,7 +9,7 @@ math-verify's own timeouts use ``signal.alarm``, which works only in the main th
 they are off here: callers bound the time. That bound must be a process boundary for model
 text, because some answers (``\\boxed{9^{9^{9}}}``) make sympy compute for minutes inside
 one C call that holds the GIL, stopping every thread of the process. Run as a script,
-this file is the child process ``loomrl.envs.qa.mathcheck.MathChecker`` starts: it
+this file is the child process ``loomrl.answers.mathcheck.MathChecker`` starts: it
 imports nothing from loomrl, so the child only pays for math-verify's own imports.
 
 Child protocol (JSON lines): it first writes ``{"ready": true}`` (or ``{"import_error":
