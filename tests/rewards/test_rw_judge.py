@@ -119,7 +119,7 @@ async def test_a_recipe_only_asks_the_judge_about_its_label(make_engine, chat, t
     reply = canned({"hello there": "Score: 5"}, tokenizer)
     engine = make_engine(reply)
     recipe = Recipe(
-        {"chat": [("judge", 1.0)], "math": [("exact_match", 1.0)]},
+        {"chat": [("judge", 1.0)], "math": [("exact", 1.0)]},
         sources={"judge": Judge(engine, chat)},
     )
     chat_sample = RewardSample("Say hi", "hello there", label="chat")
