@@ -39,6 +39,7 @@ from loomrl.engines.base import Engine
 from loomrl.engines.replicas import engine_metrics, open_engines
 from loomrl.envs import load as load_env
 from loomrl.envs.base import Environment
+from loomrl.envs.scored import check_rewards, close_rewards, with_reward
 from loomrl.models import check_spec
 from loomrl.producer import GroupStatus, Producer, ProducerConfig, ReplayBuffer, Task
 from loomrl.producer.metrics import producer_metrics
@@ -110,6 +111,7 @@ async def run_rollout(
     if not resume:
         check_new_run(out, "rollout", overwrite=overwrite)
     check_spec(config.model)
+    check_rewards({"reward": config.reward})
     with ray_session(config.ray) as ray:
         return await _rollout_into(config, out, console, resume, overwrite, make_engine, drawn, ray)
 
@@ -132,6 +134,7 @@ async def _rollout_into(
     else:
         with console.status(f"starting Ray env actors for {escape(config.env)}"):
             env = await ray.environment(config.env, config.env_args, local_env)
+    env = with_reward(env, config.reward)  # the run's reward in place of the env's score
     env = counting_turns(env, config)
     if config.max_obs_tokens is not None:
         env.max_obs_tokens = config.max_obs_tokens
@@ -174,6 +177,7 @@ async def _rollout_into(
             results, extra = await _run(config, engine, env, examples, sampling, buffer, console)
             extra |= env_metrics([env])
     finally:
+        await close_rewards([env])
         if buffer is not None:
             buffer.close()
     metrics = {**results.metrics.as_dict(), **extra, **env.run_info()}

@@ -14,7 +14,7 @@ from typing import Any
 
 from loomrl.envs.base import Environment, EnvState
 from loomrl.rewards.base import RewardSample, Scorer
-from loomrl.rewards.build import BuiltReward, JudgeEngineMaker, build_reward
+from loomrl.rewards.build import BuiltReward, JudgeEngineMaker, build_reward, check_reward
 from loomrl.rewards.config import RewardConfig
 
 
@@ -132,3 +132,11 @@ async def close_rewards(envs: Iterable[Environment]) -> None:
     for env in envs:
         if isinstance(env, RubricEnv):
             await env.aclose()
+
+
+def check_rewards(rewards: Mapping[str, RewardConfig | None]) -> None:
+    """``check_reward`` for each ``where -> config`` given (None: the env's own score),
+    before any engine starts; a one-line ``ValueError`` naming the key."""
+    for where, config in rewards.items():
+        if config is not None:
+            check_reward(config, where)

@@ -78,7 +78,8 @@ def build_reward(
     ``judge_engine`` builds the judge's engine (default: ``open_judge_engine``)."""
     sources: dict[str, RewardSource] = {}
     weights: list[tuple[str, float]] = []
-    for term in config.rubric:
+    for i, term in enumerate(config.rubric):
+        _function(term.fn, term.args, f"reward.rubric[{i}]")
         fn = funcs.make(term.fn, **term.args)
         sources[term.component] = per_sample(fn, term.component)
         weights.append((term.component, term.weight))

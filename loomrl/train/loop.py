@@ -23,6 +23,7 @@ import torch
 from loomrl.data import Drawn, Fingerprint, check_record, write_record
 from loomrl.distributed.run import RaySession, env_metrics, ray_session
 from loomrl.engines.replicas import engine_metrics, has_remote, open_engines
+from loomrl.envs.scored import close_rewards
 from loomrl.experience.files import check_estimator
 from loomrl.models import is_vision, resolve
 from loomrl.models.loading import load_lm, load_preprocessor, tokenizer_of
@@ -51,6 +52,7 @@ from loomrl.train.production import (
     make_tasks,
     producer_row,
     ran_out,
+    scored_evals,
 )
 from loomrl.train.shaping import Shaper
 from loomrl.train.step import learn_step, rollout_metrics
@@ -135,7 +137,7 @@ async def _train(
     if resume:
         check_record(out, fingerprints(drawn))
     tasks = await make_tasks(config, drawn, ray)
-    evals = eval_tasks(config, drawn) if config.eval_every else []
+    evals = scored_evals(config, eval_tasks(config, drawn)) if config.eval_every else []
     dtype = getattr(torch, config.dtype)
     try:
         model = load_lm(model_dir, dtype)
@@ -174,6 +176,7 @@ async def _train(
         rows = _prepare_run_dir(out, config, start, fingerprints(drawn))
         if start >= config.steps:  # a finished run: nothing to produce, no engine to start
             buffer.close()
+            await close_rewards([t.env for t in [*tasks, *evals]])
             return rows
         sinks = open_sinks(config.log_to, out, config.model_dump(mode="json"))
         make = make_engine or engine_factory(config)
@@ -192,6 +195,7 @@ async def _train(
             await engine.update_weights(sync_weights(model), version=start)
     except BaseException:
         buffer.close()
+        await close_rewards([t.env for t in [*tasks, *evals]])
         raise
     producer = make_producer(config, engine, buffer, tasks)
 
@@ -248,6 +252,7 @@ async def _train(
     finally:
         await producer.close()
         await engine.close()
+        await close_rewards([t.env for t in [*tasks, *evals]])  # a judge's engine
         buffer.close()
     return rows
 

@@ -3,6 +3,7 @@ the producer that samples groups of them into the replay buffer."""
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
@@ -10,10 +11,12 @@ from typing import TYPE_CHECKING, Any
 from loomrl.data import Drawn, Fingerprint, draw
 from loomrl.envs import Environment
 from loomrl.envs import load as load_env
+from loomrl.envs.scored import with_reward
 from loomrl.producer import AsyncProducer, ProducerConfig, ReplayBuffer, SyncProducer, Task
 from loomrl.producer.metrics import producer_metrics
 from loomrl.rollout.turn_rewards import counting_turns
 from loomrl.train.config import TrainConfig, example_pool
+from loomrl.train.eval_set import EvalTask
 from loomrl.types import SamplingParams
 
 if TYPE_CHECKING:
@@ -46,9 +49,16 @@ async def make_tasks(
         env_name = spec.env or name
         local = functools.partial(load_env, env_name, **spec.env_args)
         env = local() if ray is None else await ray.environment(env_name, spec.env_args, local)
+        env = with_reward(env, spec.reward)  # the task's reward in place of the env's score
         env = _budgeted(counting_turns(env, spec), config)
         tasks.append(Task(name, env, drawn[name].examples, spec.weight))
     return tasks
+
+
+def scored_evals(config: TrainConfig, evals: list[EvalTask]) -> list[EvalTask]:
+    """The held-out tasks scored by their task's reward, as their training is scored."""
+    specs = config.task_specs()
+    return [dataclasses.replace(t, env=with_reward(t.env, specs[t.name].reward)) for t in evals]
 
 
 def _budgeted(env: Environment, config: TrainConfig) -> Environment:
