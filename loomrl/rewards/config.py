@@ -36,7 +36,7 @@ class RubricTerm(BaseModel):
 
     model_config = ConfigDict(extra="allow")
 
-    fn: str = Field(description="the function's name (loomrl.rewards.funcs; `loomrl rewards`)")
+    fn: str = Field(description="the function's name (loomrl.rewards.funcs.FUNCTIONS)")
     weight: float = WEIGHT
     name: str | None = Field(
         None, description="the component's name in the trajectory (default: fn)"
