@@ -31,7 +31,7 @@ def build(out: Path, tokenizer_dir: Path, seed: int = 0) -> None:
         dtype="float32",
     )
     generator = torch.Generator().manual_seed(seed)
-    with torch.device("cpu"):
+    with torch.random.fork_rng(), torch.device("cpu"):  # the caller's RNG stays as it was
         model = LlamaForSequenceClassification(config)
     with torch.no_grad():  # norms stay 1 and the head is wide: scores differ by input
         for name, param in model.named_parameters():

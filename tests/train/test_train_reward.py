@@ -117,3 +117,18 @@ async def test_eval_scores_with_the_same_reward_config(tmp_path, reward, answers
     assert saved["metrics"] == summary["metrics"]
     for traj in read_trajectories(tmp_path / "ev" / "sampled.parquet"):
         assert set(traj["reward_components"]) == COMPONENTS
+
+
+def test_the_docs_reward_example_loads_and_passes_its_checks():
+    """The ``[train.reward]`` example of docs/training.md, as written."""
+    from pathlib import Path
+
+    from loomrl.rewards.build import check_reward
+
+    doc = (Path(__file__).parents[2] / "docs" / "training.md").read_text()
+    section = doc[doc.index("## Rewards") :]
+    toml = section[section.index("```toml") + len("```toml") : section.index("```\n", 10)]
+    config = TrainConfig.model_validate(tomllib.loads(toml)["train"])
+    assert [t.component for t in config.reward.rubric] == ["exact", "format", "chars"]
+    assert config.reward.model.path == "tiny-reward" and config.reward.model.weight == 0.5
+    check_reward(config.reward)
