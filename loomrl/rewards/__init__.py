@@ -6,10 +6,10 @@ Everything scores ``RewardSample`` records. A ``RewardSource`` is ``await src(sa
 list[float]``; a ``Scorer`` (``Rubric``, ``Recipe``) returns a ``RewardScore`` per sample
 (raw values, weights, weighted ``components`` summing to ``total``, weight-0 ``metrics``)
 and is a source itself. ``loomrl.envs.scored.RubricEnv(env, scorer)`` makes a scorer an
-environment's ``score``; ``RewardConfig`` (``reward = ...`` in a run's config) names
-functions, a rubric, a reward model, a remote server and a judge, and ``build_reward``
-turns it into one weighted ``Recipe``. Importing this package imports neither torch nor
-transformers (a ``RewardModel`` does when it is built).
+environment's ``score``; ``loomrl.rewards.config.RewardConfig`` (``reward = ...`` in a
+run's config) names functions, a rubric, a reward model, a remote server and a judge, and
+``loomrl.rewards.build.build_reward`` turns it into one weighted ``Recipe``. Importing this
+package imports neither torch nor transformers (a ``RewardModel`` does when it is built).
 """
 
 from __future__ import annotations

@@ -12,13 +12,13 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from loomrl.envs import load
-from loomrl.answers.parse import NUMBER, Answer, extract_answer, parse_number, same_number, unwrap
-from loomrl.envs.guess_number import MAX_DIGITS, GuessNumberEnv, first_int
-from loomrl.envs.parsers import HermesParser, ToolCall, ToolCallError
 from loomrl.answers import choice
 from loomrl.answers.checks import formatted
 from loomrl.answers.mathcheck import math_target
+from loomrl.answers.parse import NUMBER, Answer, extract_answer, parse_number, same_number, unwrap
+from loomrl.envs import load
+from loomrl.envs.guess_number import MAX_DIGITS, GuessNumberEnv, first_int
+from loomrl.envs.parsers import HermesParser, ToolCall, ToolCallError
 
 BOUND_S = 0.05  # per parse of a 100k-character reply
 SIZE = 100_000
