@@ -24,6 +24,7 @@ from loomrl.distributed.config import RayConfig
 from loomrl.engines.replicas import check_replicas
 from loomrl.models import DEFAULT_MODEL
 from loomrl.redact import redact_text
+from loomrl.rewards.config import RewardConfig
 from loomrl.rollout.turn_rewards import TurnReward
 
 # Examples a rollout draws from an env's generator when not told how many.
@@ -62,6 +63,12 @@ FIRST_TOKEN_TEMPERATURE: Any = Field(
 FIRST_TOKENS: Any = Field(1, ge=1, description="FIRE sampling: how many first tokens run hot")
 FIRE_TURNS: Any = Field(
     "all", description="FIRE sampling on every turn ('all') or the episode's first ('first')"
+)
+REWARD: Any = Field(
+    None,
+    description="the run's reward in place of the environment's score: a function name "
+    "(`math_verify`) or a table of rubric, model, remote and judge (docs/training.md#rewards; "
+    "None: the environment's own)",
 )
 MAX_OBS_TOKENS: Any = Field(
     None, ge=1,
@@ -103,6 +110,7 @@ class RolloutConfig(BaseModel):
     turn_reward: TurnReward | None = TURN_REWARD
     turn_discount: float | None = TURN_DISCOUNT
     max_obs_tokens: int | None = MAX_OBS_TOKENS
+    reward: RewardConfig | None = REWARD
     on_error: Literal["raise", "isolate"] = Field(
         "isolate", description="'isolate': a failing trajectory gets status error; others go on"
     )

@@ -35,6 +35,7 @@ def test_run_checks_returns_one_row_per_component(home):
         "model smollm2-135m-instruct",
         "model tiny-random",
         "model smolvlm-tiny",
+        "model tiny-reward",
     ]
     assert all(row.detail for row in rows)
     assert all(row.fix for row in rows if not row.ok)  # every problem says what to do
@@ -100,7 +101,7 @@ def test_one_broken_component_does_not_hide_the_others(home, monkeypatch):
     rows = {row.name: row for row in run_checks()}
     assert not rows["torch"].ok
     assert not rows["KV cache"].ok
-    assert len(rows) == 8
+    assert len(rows) == 9
 
 
 # -- parser --------------------------------------------------------------------------------

@@ -1,5 +1,5 @@
 """The data flags of ``loomrl rollout``: ``--data PATH [--map TARGET=COLUMN ...] [--split S]
-[--shuffle] [--limit N]``, and ``--reward NAME`` (``env_args.reward = NAME``).
+[--shuffle] [--limit N]``, and ``--reward NAME`` (``loomrl.cli.reward_flag``).
 
 The data flags set fields of the config's ``data`` (``DataConfig``): over the config
 file's ``data`` when it has one (``--data`` alone keeps its ``map``), or the run's own
@@ -14,6 +14,7 @@ from typing import Any
 from pydantic import ValidationError
 
 from loomrl.cli.output import UsageError
+from loomrl.cli.reward_flag import with_reward_flag
 from loomrl.config import RolloutConfig, describe
 from loomrl.data import DataConfig
 from loomrl.data.rows import map_problem
@@ -39,8 +40,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     group.add_argument("--limit", type=int, metavar="N", help="use at most N rows")
     group.add_argument(
-        "--reward", metavar="NAME", help="the env's reward by name (env_args.reward = NAME)"
-    )
+        "--reward", metavar="NAME",
+        help="the reward by name: env_args.reward = NAME for an env that takes one (qa), "
+        "else the run's reward function NAME in place of the env's score",
+    )  # fmt: skip
 
 
 def parse_map(items: list[str]) -> dict[str, str]:
@@ -76,7 +79,8 @@ def with_data_flags(config: RolloutConfig, args: argparse.Namespace) -> RolloutC
     if flags:
         update["data"] = merged_data(config.data, flags)
     if args.reward is not None:
-        update["env_args"] = {**config.env_args, "reward": args.reward}
+        env_args, reward = with_reward_flag(config.env, config.env_args, config.reward, args.reward)
+        update |= {"env_args": env_args, "reward": reward}
     return config.model_copy(update=update) if update else config
 
 

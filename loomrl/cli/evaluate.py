@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import dataclasses
 import json
 from pathlib import Path
 from typing import Any
@@ -45,6 +46,11 @@ def add_parser(sub: Any) -> None:
         help="take env, settings and the held-out eval set from this training run (e.g. to "
         "score the base model on the examples a checkpoint of it is scored on)",
     )  # fmt: skip
+    ev.add_argument(
+        "--reward", metavar="NAME",
+        help="the reward by name: env_args.reward = NAME for an env that takes one (qa), "
+        "else the reward function NAME in place of the env's score (default: the run's)",
+    )  # fmt: skip
     ev.add_argument("--out", type=Path, help="output directory (default runs/eval-TIME)")
     ev.add_argument("--overwrite", action="store_true", help="replace an evaluation in --out")
     ev.set_defaults(func=cmd_eval)
@@ -73,7 +79,28 @@ def _positive(args: argparse.Namespace) -> None:
         raise UsageError(f"--seed {args.seed}: must be >= 0")
 
 
+def _reward_flag(request: Any, config: Any, name: str | None) -> Any:
+    """``--reward NAME`` over the request (``loomrl.cli.reward_flag``)."""
+    from loomrl.cli.reward_flag import with_reward_flag
+
+    if name is None:
+        return request
+    env = request.env or (config.env if config is not None else None)
+    if env is None:
+        raise UsageError("--env is required when --model is not a training run's checkpoint")
+    same = config is not None and env == config.env and not config.tasks
+    base = request.env_args if request.env_args is not None else {}
+    if request.env_args is None and same:
+        base = config.env_args
+    env_args, reward = with_reward_flag(env, base, request.reward, name)
+    changed = env_args is not base
+    return dataclasses.replace(
+        request, env_args=env_args if changed else request.env_args, reward=reward
+    )
+
+
 def cmd_eval(args: argparse.Namespace) -> int:
+    from loomrl.envs.scored import check_rewards
     from loomrl.run import evaluate as ec
 
     _positive(args)
@@ -87,13 +114,19 @@ def cmd_eval(args: argparse.Namespace) -> int:
     ec.check_out(out, args.overwrite)
     target = ec.find_target(args.model)
     config = ec.run_config(args.run or target.run)
+    request = _reward_flag(request, config, args.reward)
+    reward = ec.eval_reward(request, config)
+    check_rewards({"reward": reward})
     settings = ec.settings_of(request, config)
     tasks = ec.eval_set(request, config, settings.seed)  # data problems stop here
     console.print(f"[bold]eval[/] {len(tasks[0].examples)} examples x (greedy + {settings.n} "
                   "samples); starting vLLM takes ~30 s")  # fmt: skip
     summary = asyncio.run(
-        ec.run_eval(target, config, tasks, settings, out, settings_run=args.run or target.run)
-    )
+        ec.run_eval(
+            target, config, tasks, settings, out, settings_run=args.run or target.run,
+            reward=reward,
+        )
+    )  # fmt: skip
     console.print(ec.summary_table(summary, out))
     console.print(
         f"wrote {out}/eval.json, greedy.parquet, sampled.parquet", markup=False, highlight=False

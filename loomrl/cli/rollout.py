@@ -81,10 +81,12 @@ def requested(args: argparse.Namespace) -> RolloutConfig:
     base = load_config(RolloutConfig, args.config, overrides) if args.config else recorded
     asked = data_flags.with_data_flags(base, args)
     extra = {
-        k: getattr(asked, k) for k in ("data", "env_args") if getattr(asked, k) != getattr(base, k)
+        k: getattr(asked, k)
+        for k in ("data", "env_args", "reward")
+        if getattr(asked, k) != getattr(base, k)
     }
     named = {"data": "/".join(data_flags.FIELDS[k] for k in data_flags.data_flags(args))}
-    named["env_args"] = "--reward"
+    named["env_args"] = named["reward"] = "--reward"
     # Servers and clusters may move between sessions: a resumed run takes the replicas
     # and the Ray cluster it is given.
     skip = ("out", "engines", "ray")

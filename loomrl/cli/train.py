@@ -40,6 +40,11 @@ def add_parser(sub: Any) -> None:
     )  # fmt: skip
     tr.add_argument("--out", type=Path, help="run directory (default runs/train-TIME)")
     tr.add_argument(
+        "--reward", metavar="NAME",
+        help="the reward by name: env_args.reward = NAME for an env that takes one (qa), "
+        "else the reward function NAME in place of the envs' scores",
+    )  # fmt: skip
+    tr.add_argument(
         "--overwrite", action="store_true",
         help="replace the run already in --out (its files, checkpoints included, are removed)",
     )  # fmt: skip
@@ -56,7 +61,9 @@ def requested(args: argparse.Namespace) -> tuple[TrainConfig, int | None]:
     overrides |= model_flags(args.model)
     if args.resume is None:
         config = load_config(TrainConfig, args.config, overrides)
-        return ray_flags.with_ray_flags(config, args), None
+        return ray_flags.with_ray_flags(_reward_flag(config, args.reward), args), None
+    if args.reward is not None:
+        raise UsageError("--reward: a resumed run keeps the reward its config.toml records")
     check_resume_alone(args)
     recorded = resume_config(args.resume)
     # Servers and clusters may move between sessions: a resumed run takes the replicas
@@ -83,6 +90,20 @@ def requested(args: argparse.Namespace) -> tuple[TrainConfig, int | None]:
     engines = overrides["engines"] if overrides["engines"] is not None else recorded.engines
     resumed = recorded.model_copy(update={"steps": steps, "engines": engines})
     return ray_flags.with_ray_flags(resumed, args), extended
+
+
+def _reward_flag(config: TrainConfig, name: str | None) -> TrainConfig:
+    """``--reward NAME`` over the config (``loomrl.cli.reward_flag``; with tasks, the
+    reward function of every task that sets none of its own)."""
+    from loomrl.cli.reward_flag import with_reward_flag
+    from loomrl.rewards.config import RewardConfig
+
+    if name is None:
+        return config
+    if config.tasks:  # several envs: the run's reward function
+        return config.model_copy(update={"reward": RewardConfig.model_validate(name)})
+    env_args, reward = with_reward_flag(config.env, config.env_args, config.reward, name)
+    return config.model_copy(update={"env_args": env_args, "reward": reward})
 
 
 def cmd_train(args: argparse.Namespace) -> int:

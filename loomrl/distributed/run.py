@@ -102,6 +102,7 @@ def env_metrics(envs: list[Environment]) -> dict[str, int]:
 
     row: dict[str, int] = {}
     for env in envs:
+        env = getattr(env, "env", env)  # a run's reward wraps the actors' proxy (RubricEnv)
         if isinstance(env, RayEnvironment):
             for key, value in env.metrics().items():
                 row[f"env_actors/{env.name}/{key}"] = value

@@ -9,7 +9,7 @@ from __future__ import annotations
 import random
 from typing import Any
 
-from loomrl.envs.answers import FORMAT_HINT, extract_answer, same_number
+from loomrl.answers.parse import FORMAT_HINT, extract_answer, same_number
 from loomrl.envs.arith import check_expression_params, random_expression
 from loomrl.envs.base import EnvState, make_dataset
 from loomrl.envs.safe_math import evaluate, format_number

@@ -20,7 +20,7 @@ import weakref
 from dataclasses import dataclass, field
 from typing import Any
 
-from loomrl.envs.answers import FORMAT_HINT, answer_line, extract_answer, same_number
+from loomrl.answers.parse import FORMAT_HINT, answer_line, extract_answer, same_number
 from loomrl.envs.base import EnvState, EnvStep, Score, make_dataset
 from loomrl.envs.tools import ToolEnv, ToolResult
 from loomrl.envs.word_problems import KINDS, check_kinds, word_problem

@@ -21,7 +21,7 @@ import re
 from collections import deque
 from typing import TYPE_CHECKING, Any
 
-from loomrl.envs.answers import answer_line, extract_answer, unwrap
+from loomrl.answers.parse import answer_line, extract_answer, unwrap
 from loomrl.envs.base import (
     Environment,
     EnvState,

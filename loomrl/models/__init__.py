@@ -1,7 +1,8 @@
 """Model specs to local HF-format directories; nothing is ever downloaded.
 
 Specs: ``smollm2-135m-instruct`` (the default), ``tiny-random`` or ``tiny-random:SEED``,
-``smolvlm-tiny`` (a vision-language model with a random vision tower), or the path of a
+``smolvlm-tiny`` (a vision-language model with a random vision tower), ``tiny-reward`` (a
+random one-label sequence classifier: a reward model for tests), or the path of a
 local HF model directory. The named ones are built from the default model on first use
 and cached. ``is_vision`` tells a vision-language model's directory from a text-only one's.
 """
@@ -11,7 +12,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from loomrl.models import smollm2, smolvlm_tiny, tiny_random
+from loomrl.models import smollm2, smolvlm_tiny, tiny_random, tiny_reward
 from loomrl.models.store import (
     MARKER,
     broken_parts,
@@ -22,7 +23,7 @@ from loomrl.models.store import (
 )
 
 DEFAULT_MODEL = "smollm2-135m-instruct"
-NAMED = ("smollm2-135m-instruct", "tiny-random", "smolvlm-tiny")
+NAMED = ("smollm2-135m-instruct", "tiny-random", "smolvlm-tiny", "tiny-reward")
 
 __all__ = [
     "DEFAULT_MODEL", "NAMED", "ModelError", "check_spec", "is_vision", "loomrl_home", "models_dir",
@@ -46,9 +47,9 @@ def check_spec(spec: str) -> None:
         if not is_prepared(f"tiny-random-seed{_seed(spec)}"):
             check_spec(DEFAULT_MODEL)  # it borrows the default model's tokenizer
         return
-    if spec == "smolvlm-tiny":
+    if spec in ("smolvlm-tiny", "tiny-reward"):
         if not is_prepared(spec):
-            check_spec(DEFAULT_MODEL)  # its text model is the default model
+            check_spec(DEFAULT_MODEL)  # the default model's text model or tokenizer
         return
     _local_dir(spec)
 
@@ -71,6 +72,13 @@ def resolve(spec: str) -> Path:
             spec,
             lambda out: smolvlm_tiny.build(out, text_dir, seed=0),
             {"source": f"{DEFAULT_MODEL} + random vision tower", "seed": 0},
+        )
+    if spec == "tiny-reward":
+        tokenizer_dir = resolve(DEFAULT_MODEL)
+        return build_atomically(
+            spec,
+            lambda out: tiny_reward.build(out, tokenizer_dir, seed=0),
+            {"source": "random sequence classifier", "seed": 0},
         )
     return _local_dir(spec)
 

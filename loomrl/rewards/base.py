@@ -2,7 +2,8 @@
 
 * ``RewardSample`` — what is scored: the completion text, the prompt it answers, the
   conversation before it, the data-set example, a routing ``label`` and (optionally) the
-  environment's ``EnvState``. ``RewardSample.from_state`` builds one from a finished episode.
+  environment's ``EnvState``. ``loomrl.envs.scored.sample_of`` builds one from a finished
+  episode (the environments sit above the rewards, so the rewards never import them).
 * ``RewardSource`` — anything that scores a *batch*: ``await source(samples) -> list[float]``,
   one finite float per sample, in order. Rubrics, recipes, reward models, remote servers and
   LLM judges all satisfy it, so a ``Recipe`` can mix them by name.
@@ -19,11 +20,15 @@ import inspect
 import math
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 from loomrl.aio import gather_or_cancel
-from loomrl.envs.base import EnvState, Message
 from loomrl.workers import shared_pool
+
+if TYPE_CHECKING:
+    from loomrl.envs.base import EnvState
+
+Message = dict[str, Any]  # a chat message, as ``loomrl.envs.base.Message``
 
 RewardFn = Callable[["RewardSample"], "float | bool | Awaitable[float | bool]"]
 
@@ -52,29 +57,6 @@ class RewardSample:
         """The chat up to and including the completion as the final assistant message."""
         before = list(self.messages) or [{"role": "user", "content": self.prompt}]
         return [*before, {"role": "assistant", "content": self.completion}]
-
-    @classmethod
-    def from_state(cls, state: EnvState, label: str = "default") -> RewardSample:
-        """The episode's last assistant reply as the completion (``""`` if there is none).
-
-        Messages after that reply (an environment's closing record) are not part of the
-        sample's conversation; they stay reachable through ``state``.
-        """
-        last = max(
-            (i for i, m in enumerate(state.messages) if m.get("role") == "assistant"),
-            default=len(state.messages),
-        )
-        before = state.messages[:last]
-        completion = state.messages[last].get("content") if last < len(state.messages) else ""
-        prompt = next((m.get("content") for m in reversed(before) if m.get("role") == "user"), "")
-        return cls(
-            prompt=str(prompt or ""),
-            completion=str(completion or ""),
-            example=state.example,
-            messages=tuple(before),
-            label=label,
-            state=state,
-        )
 
 
 @runtime_checkable
@@ -124,10 +106,6 @@ class Scorer(abc.ABC):
     async def score(self, sample: RewardSample) -> RewardScore:
         (result,) = await self.score_many([sample])
         return result
-
-    async def score_state(self, state: EnvState, label: str = "default") -> dict[str, float]:
-        """Weighted components of a finished episode: what ``Environment.score`` returns."""
-        return (await self.score(RewardSample.from_state(state, label))).components
 
     async def __call__(self, samples: Sequence[RewardSample]) -> list[float]:
         return [s.total for s in await self.score_many(samples)]

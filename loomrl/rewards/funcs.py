@@ -1,132 +1,101 @@
-"""Ready reward functions: factories that return ``fn(sample) -> float``.
+"""The reward functions by name: factories that return ``fn(sample) -> float``.
 
-| factory | value |
+| name (factory) | value |
 |---|---|
-| ``exact_match(key)`` | 1.0 when the extracted final answer equals ``example[key]`` (normalised) |
-| ``math_answer(key)`` | 1.0 when ``math-verify`` finds the answer equivalent to ``example[key]`` |
-| ``regex_match(pattern)`` | 1.0 when the completion matches ``pattern`` |
-| ``choice_answer(key)`` | 1.0 when the chosen option (A/B/C/...) is ``example[key]`` |
-| ``answer_format()`` | 1.0 when the completion has an ``Answer: <number>`` line |
+| ``math_verify(key)`` | 1.0 when math-verify finds the answer equal to ``example[key]`` |
+| ``exact(key)`` | 1.0 when the final answer is ``example[key]`` (or one of a list) |
+| ``regex(pattern, match)`` | 1.0 when the pattern matches the final answer (or the reply) |
+| ``choice(key)`` | 1.0 when the chosen option (A/B/C/...) is ``example[key]`` |
+| ``format`` (``answer_format(answer_format)``) | 1.0 when the answer is in the asked form |
 | ``length_penalty(max_len, buffer)`` | DAPO's soft overlong penalty, in ``[-1, 0]`` |
 | ``num_chars`` | the completion's length in characters (a metric) |
 
-``math_answer`` needs the optional dependency ``math-verify`` (``pip install
-'loomrl[math]'``). Its own timeouts use ``signal.alarm``, which works only in the main
-thread, so they are switched off here (rubric functions run in worker threads): bound
-the time with ``Rubric(timeout_s=...)``; the text handed to it is capped at
-``max_chars`` (its tail, where final answers are) to keep parsing cheap. Some answers
+These are the ``qa`` environment's rewards (``reward = "math_verify"`` there checks with
+the same ``loomrl.answers.check`` object as ``math_verify`` here), so a name means one
+thing everywhere. ``math_verify`` runs math-verify in killable child processes
+(``loomrl.answers.mathcheck.MathChecker``), never in the calling thread: some answers
 (``\\boxed{9^{9^{9}}}``) keep sympy inside one C call for minutes, holding the GIL, which
-no thread-level timeout stops: the ``qa`` environment runs its checks in child processes
-(``loomrl.envs.qa.mathcheck``) for that reason.
+no thread-level timeout stops. A check past ``timeout_s`` scores 0. It needs the optional
+dependency ``math-verify`` (``pip install 'loomrl[math]'``).
 
-The text parsers (``boxed``, ``answer_line``, ``final_answer``, ``normalize_text``) live
-in ``loomrl.envs.answers`` and the choice reader in ``loomrl.envs.qa.choice``, shared
-with the environments.
+A reference the check cannot use (a missing ``answer``, an invalid pattern, a reference
+math-verify cannot parse) raises ``ValueError``: a data error, never the model's.
 """
 
 from __future__ import annotations
 
-import re
 from collections.abc import Callable
-from typing import Any
+from typing import Any, Literal
 
-from loomrl.envs.answers import answer_line as answer_line  # re-exported: rewards' parsers
-from loomrl.envs.answers import boxed as boxed
-from loomrl.envs.answers import extract_answer, final_answer, normalize_text
-from loomrl.envs.mathverify import math_equal, require_math_verify
-from loomrl.envs.qa.choice import LETTERS, check_choices, chosen, reference_index
+from loomrl.answers import checks
+from loomrl.answers.check import AnswerCheck, Choice, Exact, MathVerify, Regex
+from loomrl.answers.checks import MatchMode
+from loomrl.answers.mathverify import require_math_verify
+from loomrl.answers.parse import extract_answer
 from loomrl.rewards.base import RewardFn, RewardSample
 
-
-def reference(sample: RewardSample, key: str, who: str) -> Any:
-    """``sample.example[key]``, or a ValueError naming the function and the missing key."""
-    if key not in sample.example:
-        keys = ", ".join(map(repr, sample.example)) or "none"
-        raise ValueError(f"{who} reads example[{key!r}], but the example has keys: {keys}")
-    return sample.example[key]
+FormatName = Literal["boxed", "line", "number"]
 
 
-def exact_match(
-    key: str = "answer",
-    *,
-    extract: Callable[[str], str | None] = final_answer,
-    case_sensitive: bool = False,
+def checked(check: AnswerCheck, name: str) -> RewardFn:
+    """A reward function scoring 1.0 when ``check`` finds the completion right."""
+
+    def fn(sample: RewardSample) -> float:
+        try:
+            reference = check.reference(sample.example)
+        except ValueError as exc:
+            raise ValueError(f"{name}: the example {exc}") from None
+        return float(check.correct(sample.completion, reference))
+
+    fn.__name__ = fn.__qualname__ = name
+    return fn
+
+
+def math_verify(key: str = "answer", *, timeout_s: float = 5.0, workers: int = 2) -> RewardFn:
+    """1.0 when the completion's answer is mathematically equal to ``example[key]``.
+
+    math-verify reads the last ``\\boxed{}``, else the last ``Answer:`` line, else the
+    reply's last 4,000 characters (``loomrl.answers.mathcheck.math_target``), in one of up
+    to ``workers`` child processes, ``timeout_s`` seconds a check.
+    """
+    require_math_verify("the math_verify reward")
+    return checked(MathVerify(key, timeout_s, workers), "math_verify")
+
+
+def exact(key: str = "answer") -> RewardFn:
+    """1.0 when the final answer (last box, else ``Answer:`` line, else the reply),
+    unwrapped of markup and normalised, equals ``example[key]`` (a string, a number or a
+    list of accepted ones)."""
+    return checked(Exact(key), "exact")
+
+
+def regex(
+    pattern: str | None = None, *, match: MatchMode = "full", key: str = "answer"
 ) -> RewardFn:
-    """1.0 when ``extract(completion)`` equals ``example[key]`` after ``normalize_text``."""
-
-    def exact_match(sample: RewardSample) -> float:
-        expected = normalize_text(
-            reference(sample, key, "exact_match"), case_sensitive=case_sensitive
-        )
-        got = extract(sample.completion)
-        return float(
-            got is not None and normalize_text(got, case_sensitive=case_sensitive) == expected
-        )
-
-    return exact_match
+    """1.0 when ``pattern`` (None: each example's ``key`` is its pattern) matches all of
+    the unwrapped final answer (``match="full"``) or is found in the reply (``"search"``)."""
+    return checked(Regex(pattern, match, key), "regex")
 
 
-def math_answer(key: str = "answer", *, max_chars: int = 4000) -> RewardFn:
-    """1.0 when the completion's final answer is mathematically equal to ``example[key]``.
-
-    Both sides go through ``math_verify.parse`` (LaTeX, ``\\boxed{}``, plain expressions);
-    a reference without ``$`` delimiters that does not parse as it is is retried as
-    ``$reference$``. A reference that still does not parse is a data error and raises.
-    A completion with no parsable answer scores 0.0. The check runs in the calling
-    thread (``loomrl.envs.mathverify.math_equal``); the ``qa`` environment runs the same
-    check in killable child processes instead.
-    """
-    require_math_verify("math_answer")
-    if max_chars < 1:
-        raise ValueError(f"max_chars must be >= 1, got {max_chars}")
-
-    def math_verify(sample: RewardSample) -> float:
-        gold = str(reference(sample, key, "math_answer"))
-        return float(math_equal(gold, sample.completion[-max_chars:]))
-
-    return math_verify
+def choice(key: str = "answer", *, choices_key: str = "choices") -> RewardFn:
+    """1.0 when the option the completion chose is ``example[key]`` (a letter, a 0-based
+    index, or the text of one of ``example[choices_key]``, which sets the options)."""
+    return checked(Choice(key, choices_key), "choice")
 
 
-def choice_answer(key: str = "answer", *, choices_key: str = "choices") -> RewardFn:
-    """1.0 when the option the completion chose is ``example[key]``.
+def answer_format(answer_format: FormatName = "line") -> RewardFn:
+    """1.0 when the completion gives its answer in the form: a closed, non-empty
+    ``\\boxed{}`` (``boxed``), a non-empty ``Answer:`` line (``line``), or a line
+    ``Answer: <number>`` (``number``: the built-in arithmetic envs' form)."""
+    if answer_format not in ("boxed", "line", "number"):
+        raise ValueError(f"answer_format must be boxed, line or number, got {answer_format!r}")
 
-    The choice is read by ``loomrl.envs.qa.choice.chosen`` (a letter in the last box or
-    ``Answer:`` line, "the answer is (B)", or a leading "B."); the reference is a letter,
-    a 0-based index, or the text of one of ``example[choices_key]`` (optional; it sets
-    how many letters are options). A reference that is none of these raises.
-    """
+    def format(sample: RewardSample) -> float:
+        if answer_format == "number":
+            return float(extract_answer(sample.completion).formatted)
+        return float(checks.formatted(sample.completion, answer_format))
 
-    def choice_answer(sample: RewardSample) -> float:
-        options = sample.example.get(choices_key)
-        options = None if options is None else check_choices(options)
-        index = reference_index(reference(sample, key, "choice_answer"), options)
-        n = len(options) if options is not None else len(LETTERS)
-        return float(chosen(sample.completion, n) == index)
-
-    return choice_answer
-
-
-def regex_match(pattern: str | re.Pattern[str], *, flags: int = 0, full: bool = False) -> RewardFn:
-    """1.0 when ``pattern`` is found in the completion (matches all of it when ``full``)."""
-    try:
-        compiled = re.compile(pattern, flags) if isinstance(pattern, str) else pattern
-    except re.error as exc:
-        raise ValueError(f"regex_match: invalid pattern {pattern!r}: {exc}") from None
-    test = compiled.fullmatch if full else compiled.search
-
-    def regex_match(sample: RewardSample) -> float:
-        return float(test(sample.completion) is not None)
-
-    return regex_match
-
-
-def answer_format() -> RewardFn:
-    """1.0 when the completion has a line ``Answer: <number>`` (the built-in envs' format)."""
-
-    def answer_format(sample: RewardSample) -> float:
-        return float(extract_answer(sample.completion).formatted)
-
-    return answer_format
+    return format
 
 
 def length_penalty(
@@ -154,3 +123,39 @@ def length_penalty(
 def num_chars(sample: RewardSample) -> float:
     """The completion's length in characters (a metric: give it weight 0)."""
     return float(len(sample.completion))
+
+
+# The vocabulary: a reward function's name -> the factory that builds it.
+FUNCTIONS: dict[str, Callable[..., RewardFn]] = {
+    "math_verify": math_verify,
+    "exact": exact,
+    "regex": regex,
+    "choice": choice,
+    "format": answer_format,
+    "length_penalty": length_penalty,
+    "num_chars": lambda: num_chars,
+}
+
+DESCRIPTIONS: dict[str, str] = {
+    "math_verify": "1 when math-verify finds the answer equal to example['answer'] "
+    "(child processes; needs loomrl[math])",
+    "exact": "1 when the final answer equals example['answer'] (markup off, normalised)",
+    "regex": "1 when pattern= (else example['answer']) matches the final answer "
+    "(match='search': anywhere in the reply)",
+    "choice": "1 when the chosen option letter (A, B, C, ...) is example['answer']",
+    "format": "1 when the reply gives its answer in the form answer_format= (boxed, line, number)",
+    "length_penalty": "DAPO soft overlong penalty in [-1, 0] (characters unless count= is given)",
+    "num_chars": "completion length in characters (a metric)",
+}
+
+
+def function_args(name: str) -> list[str]:
+    """The keyword arguments the function ``name`` takes (for error messages)."""
+    import inspect
+
+    return [p for p in inspect.signature(FUNCTIONS[name]).parameters if p not in ("count",)]
+
+
+def make(name: str, **kwargs: Any) -> RewardFn:
+    """The reward function ``name`` built with ``kwargs`` (a KeyError for another name)."""
+    return FUNCTIONS[name](**kwargs)

@@ -1,9 +1,11 @@
 """``Judge``: an LLM judge through any loomrl ``Engine``, with a strict score parser.
 
-The prompt is ``template.format(...)`` with the fields ``prompt``, ``completion``,
-``reference`` (``example[reference_key]``, ``""`` if absent), ``low`` and ``high``
-(literal braces in a template are doubled: ``{{``). It is sent as one user message (after
-``system``, if given) through the judge's chat template.
+The prompt is ``template.format(...)`` with the fields ``question`` (or ``prompt``: the
+user message answered), ``answer`` (or ``completion``: the reply judged), ``reference``
+(``example[reference_key]``, ``""`` if absent), ``low`` and ``high`` (literal braces in a
+template are doubled: ``{{``). A template must show the reply. ``chat`` may be None: the
+engine's own tokenizer is then used (a server engine is asked for it on first use). It
+is sent as one user message (after ``system``, if given) through the judge's chat template.
 
 Parsing is strict: the reply must contain exactly one line ``Score: <number>`` (the word
 ``Score`` in any case, a plain decimal number, nothing else on the line) with the number
@@ -45,7 +47,27 @@ Response:
 Think briefly, then end with one line of the form "Score: N", where N is a number \
 from {low} to {high} ({high} is best)."""
 
-FIELDS = frozenset({"prompt", "completion", "reference", "low", "high"})
+FIELDS = frozenset({"question", "prompt", "answer", "completion", "reference", "low", "high"})
+
+
+def template_problem(template: str) -> str | None:
+    """Why ``template`` cannot be a judge prompt (bad braces, an unknown field, no field
+    showing the reply), or None when it can."""
+    try:
+        used = {f for _, f, _, _ in string.Formatter().parse(template) if f is not None}
+    except ValueError as exc:
+        return f"invalid judge template: {exc} (double literal braces)"
+    unknown = sorted(used - FIELDS)
+    if unknown:
+        return (
+            f"judge template uses unknown field(s) {unknown}; "
+            f"available: {', '.join(sorted(FIELDS))}"
+        )
+    if not used & {"answer", "completion"}:
+        return "judge template never shows the {answer} it should judge"
+    return None
+
+
 _SCORE_LINE = re.compile(r"^[ \t]*score[ \t]*:(.*)$", re.I | re.M)
 # No two adjacent quantifiers can share characters (``[ \t]*\.?[ \t]*`` would rescan a
 # long run of spaces once per split point): linear on any line.
@@ -89,7 +111,7 @@ class Judge:
     def __init__(
         self,
         engine: Engine,
-        chat: ChatTokenizer,
+        chat: ChatTokenizer | None = None,
         *,
         template: str = DEFAULT_TEMPLATE,
         system: str | None = None,
@@ -102,18 +124,9 @@ class Judge:
         fallback: float = 0.0,
         max_concurrency: int = 64,
     ) -> None:
-        try:
-            used = {f for _, f, _, _ in string.Formatter().parse(template) if f is not None}
-        except ValueError as exc:
-            raise ValueError(f"invalid judge template: {exc} (double literal braces)") from None
-        unknown = sorted(used - FIELDS)
-        if unknown:
-            raise ValueError(
-                f"judge template uses unknown field(s) {unknown}; "
-                f"available: {', '.join(sorted(FIELDS))}"
-            )
-        if "completion" not in used:
-            raise ValueError("judge template never shows the {completion} it should judge")
+        problem = template_problem(template)
+        if problem is not None:
+            raise ValueError(problem)
         if not low < high:
             raise ValueError(f"need low < high, got low={low}, high={high}")
         if on_parse_error not in ("raise", "fallback"):
@@ -134,7 +147,9 @@ class Judge:
         """The judge's user message for ``sample``."""
         return self.template.format(
             prompt=sample.prompt,
+            question=sample.prompt,
             completion=sample.completion,
+            answer=sample.completion,
             reference=sample.example.get(self.reference_key, ""),
             low=f"{self.low:g}",
             high=f"{self.high:g}",
@@ -145,7 +160,8 @@ class Judge:
         messages = [{"role": "user", "content": self.prompt(sample)}]
         if self.system:
             messages.insert(0, {"role": "system", "content": self.system})
-        completion = await self.engine.generate(self.chat.prompt_ids(messages), self.sampling)
+        chat = self.chat if self.chat is not None else await self._chat()
+        completion = await self.engine.generate(chat.prompt_ids(messages), self.sampling)
         reply = completion.text
         try:
             if completion.finish_reason == "abort":
@@ -162,6 +178,17 @@ class Judge:
             return Verdict(score=None, raw_score=None, reply=reply, ok=False, error=problem)
         score = (raw - self.low) / (self.high - self.low) if self.normalize else raw
         return Verdict(score=score, raw_score=raw, reply=reply, ok=True)
+
+    async def _chat(self) -> ChatTokenizer:
+        """The engine's tokenizer as a ``ChatTokenizer`` (a server engine checked first)."""
+        check = getattr(self.engine, "check", None)
+        if check is not None:
+            await check()
+        tokenizer = getattr(self.engine, "tokenizer", None)
+        if tokenizer is None:
+            raise RewardError(f"the judge's engine {self.engine!r} has no tokenizer: pass chat=")
+        self.chat = ChatTokenizer(tokenizer)
+        return self.chat
 
     async def judge_many(self, samples: Sequence[RewardSample]) -> list[Verdict]:
         gate = asyncio.Semaphore(self.max_concurrency)

@@ -1,5 +1,7 @@
 """Reward sources by name: ``load("math_verify")``, ``load("remote", url=...)``.
 
+The per-sample functions are ``loomrl.rewards.funcs.FUNCTIONS`` (one vocabulary).
+
 Each entry is a factory returning a ``RewardSource`` and a one-line description;
 ``available()`` lists them. ``Recipe`` resolves the source names it is not given
 explicitly through ``load`` (with no arguments), so a recipe can name built-ins directly.
@@ -59,45 +61,12 @@ def available() -> dict[str, str]:
     return {name: _SOURCES[name].description for name in sorted(_SOURCES)}
 
 
-def _fn(name: str, make: Callable[..., funcs.RewardFn]) -> SourceFactory:
-    return lambda **kw: per_sample(make(**kw), name)
+def _fn(name: str) -> SourceFactory:
+    return lambda **kw: per_sample(funcs.make(name, **kw), name)
 
 
-register(
-    "exact_match",
-    _fn("exact_match", funcs.exact_match),
-    "1 when the final answer equals example['answer'] (normalised text)",
-)
-register(
-    "math_verify",
-    _fn("math_verify", funcs.math_answer),
-    "1 when math-verify finds the answer equal to example['answer'] (needs loomrl[math])",
-)
-register(
-    "choice",
-    _fn("choice", funcs.choice_answer),
-    "1 when the chosen option letter (A, B, C, ...) is example['answer']",
-)
-register(
-    "regex_match",
-    _fn("regex_match", funcs.regex_match),
-    "1 when the completion matches pattern= (found anywhere; full=True: all of it)",
-)
-register(
-    "answer_format",
-    _fn("answer_format", funcs.answer_format),
-    "1 when the completion has an 'Answer: <number>' line",
-)
-register(
-    "length_penalty",
-    _fn("length_penalty", funcs.length_penalty),
-    "DAPO soft overlong penalty in [-1, 0] (characters unless count= is given)",
-)
-register(
-    "num_chars",
-    _fn("num_chars", lambda: funcs.num_chars),
-    "completion length in characters (a metric)",
-)
+for _name, _description in funcs.DESCRIPTIONS.items():
+    register(_name, _fn(_name), _description)
 register("reward_model", RewardModel, "local HF sequence-classification model (path=...)")
 register("remote", RemoteReward, "HTTP JSON reward server (url=...)")
 register("judge", Judge, "LLM judge through a loomrl engine (engine=..., chat=...)")

@@ -1,7 +1,7 @@
 """``Rubric``: named per-sample reward functions with weights; weight-0 terms are metrics.
 
     rubric = Rubric(
-        {"correct": (math_answer(), 1.0), "format": (answer_format(), 0.1)},
+        {"correct": (math_verify(), 1.0), "format": (answer_format(), 0.1)},
         metrics={"chars": num_chars},
     )
     result = await rubric.score(sample)      # RewardScore
@@ -13,20 +13,18 @@
 Every term of every sample is evaluated concurrently: ``async def`` functions are
 gathered on the event loop, ``def`` functions run in ``executor`` (when ``None``,
 ``loomrl.workers.shared_pool()``: daemon threads, so a function stuck past ``timeout_s``
-never holds the process at exit). ``RubricEnv`` turns any ``Scorer`` into an environment's
-``score``.
+never holds the process at exit). ``loomrl.envs.scored.RubricEnv`` turns any ``Scorer``
+into an environment's ``score``.
 """
 
 from __future__ import annotations
 
 import asyncio
 import math
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from concurrent.futures import Executor
-from typing import Any
 
 from loomrl.aio import gather_or_cancel
-from loomrl.envs.base import Environment, EnvState
 from loomrl.rewards.base import (
     RewardError,
     RewardFn,
@@ -112,52 +110,3 @@ class Rubric(Scorer):
     def __repr__(self) -> str:
         terms = ", ".join(f"{n}={w:g}" for n, w in self.weights.items())
         return f"Rubric({terms})"
-
-
-class RubricEnv(Environment):
-    """``env`` with its ``score`` replaced by a ``Scorer`` (a ``Rubric`` or a ``Recipe``).
-
-    ``reset``, ``step`` and ``dataset`` are the wrapped environment's own (bound as they
-    are, sync or async). Scores are the scorer's weighted ``components``; metrics and the
-    whole ``RewardScore`` are left in ``state.data["reward_metrics"]`` and
-    ``state.data["reward_score"]``. ``label`` is a string or a function of the example.
-    Groups are scored at once through ``score_many`` (one batch per reward source).
-    """
-
-    def __init__(
-        self,
-        env: Environment,
-        scorer: Scorer,
-        *,
-        label: str | Callable[[Mapping[str, Any]], str] = "default",
-    ) -> None:
-        if not isinstance(scorer, Scorer):
-            raise TypeError(f"RubricEnv needs a Rubric or Recipe, got {type(scorer).__name__}")
-        self.env, self.scorer, self.label = env, scorer, label
-        self.name, self.max_turns = env.name, env.max_turns
-        self.system_prompt, self.nonblocking = env.system_prompt, env.nonblocking
-        self.thread_safe = True  # scoring is async; the scorer runs its own functions
-        self.reset = env.reset  # type: ignore[method-assign]
-        self.step = env.step  # type: ignore[method-assign]
-        self.dataset = env.dataset  # type: ignore[method-assign]
-        # Checkpoints store the wrapped environment's state in its own terms.
-        self.state_dict = env.state_dict  # type: ignore[method-assign]
-        self.load_state_dict = env.load_state_dict  # type: ignore[method-assign]
-
-    async def score(self, state: EnvState) -> dict[str, float]:
-        (components,) = await self.score_many([state])
-        return components
-
-    async def score_many(self, states: Sequence[EnvState]) -> list[dict[str, float]]:
-        samples = [RewardSample.from_state(s, self._label(s.example)) for s in states]
-        results = await self.scorer.score_many(samples)
-        for state, result in zip(states, results, strict=True):
-            state.data["reward_metrics"] = result.metrics
-            state.data["reward_score"] = result
-        return [r.components for r in results]
-
-    def _label(self, example: Mapping[str, Any]) -> str:
-        return self.label(example) if callable(self.label) else self.label
-
-    def __repr__(self) -> str:
-        return f"RubricEnv({self.env.name}, {self.scorer!r})"

@@ -11,6 +11,7 @@ Without a run, the examples come from ``--data`` or the env's eval stream of ``-
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import time
 from collections.abc import Callable
@@ -22,7 +23,9 @@ from rich.table import Table
 
 from loomrl.data import DataConfig
 from loomrl.envs import load as load_env
+from loomrl.envs.scored import close_rewards, with_reward
 from loomrl.models import check_spec
+from loomrl.rewards.config import RewardConfig
 from loomrl.run import engines
 from loomrl.run.eval_tasks import eval_tasks
 from loomrl.rundir import RunDir
@@ -63,6 +66,7 @@ class EvalRequest:
     pass_threshold: float | None = None
     run: Path | None = None
     out: Path | None = None
+    reward: RewardConfig | None = None
 
 
 def find_target(spec: str) -> Target:
@@ -167,6 +171,17 @@ def eval_set(request: EvalRequest, config: TrainConfig | None, seed: int) -> lis
     return [EvalTask(name, env, examples, overlap)]
 
 
+def eval_reward(request: EvalRequest, config: TrainConfig | None) -> RewardConfig | None:
+    """The reward the evaluation scores with: the request's, else the run's reward for
+    the environment it evaluates (None: the environment's own score)."""
+    if request.reward is not None or config is None:
+        return request.reward
+    name = request.env or config.env
+    specs = config.task_specs()
+    spec = specs.get(name) or next((s for s in specs.values() if s.env == name), None)
+    return spec.reward if spec is not None else None
+
+
 def vllm_engine(target: Target, config: TrainConfig | None, settings: EvalSettings) -> Any:
     """vLLM serving the target, through the one engine factory; a checkpoint in the dtype
     its base model was served in during training (the learner saves float32)."""
@@ -201,16 +216,23 @@ async def run_eval(
     out: Path,
     make_engine: Callable[[Target, TrainConfig | None, EvalSettings], Any] | None = None,
     settings_run: Path | None = None,
+    reward: RewardConfig | None = None,
 ) -> dict[str, Any]:
     """Serve the target, evaluate, write ``eval.json`` and the trajectories to ``out``;
     return what ``eval.json`` holds (``settings_run``: the run whose config and eval set
-    were used, the target's own or ``--run``)."""
-    engine = (make_engine or vllm_engine)(target, config, settings)
+    were used, the target's own or ``--run``; ``reward``: scores in place of the envs')."""
+    tasks = [dataclasses.replace(t, env=with_reward(t.env, reward)) for t in tasks]
+    try:
+        engine = (make_engine or vllm_engine)(target, config, settings)
+    except BaseException:
+        await close_rewards([t.env for t in tasks])
+        raise
     started = time.perf_counter()
     try:
         result: EvalResult = await evaluate(engine, tasks, settings)
     finally:
         await engine.close()
+        await close_rewards([t.env for t in tasks])
     out.mkdir(parents=True, exist_ok=True)
     write_trajectories(out / "greedy.parquet", result.greedy)
     write_trajectories(out / "sampled.parquet", result.sampled)

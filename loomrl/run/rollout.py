@@ -25,6 +25,7 @@ from loomrl.distributed.run import RaySession, env_metrics, ray_session
 from loomrl.engines.base import Engine
 from loomrl.envs import load as load_env
 from loomrl.envs.base import Environment
+from loomrl.envs.scored import check_rewards, close_rewards, with_reward
 from loomrl.models import check_spec
 from loomrl.producer import ReplayBuffer
 from loomrl.producer.metrics import producer_metrics
@@ -110,6 +111,7 @@ def plan_rollout(
         run.check_new("rollout", overwrite=overwrite)
     check_spec(config.model)
     check_engine_args(config.engine_args, source)
+    check_rewards({f"{source}: reward": config.reward})
     env = load_env(config.env, **config.env_args)
     drawn = drawn or draw_examples(config, env)
     if resume and drawn.fingerprint is not None:
@@ -173,6 +175,7 @@ async def execute_rollout(
                 results, extra = await play(plan, engine, env, buffer, console)
                 extra |= env_metrics([env]) | {"engine/starts": starts.count}
         finally:
+            await close_rewards([env])  # a judge's engine
             if buffer is not None:
                 buffer.close()
     metrics = {**results.metrics.as_dict(), **extra, **env.run_info()}
@@ -189,6 +192,7 @@ async def _placed_env(plan: RolloutPlan, ray: RaySession | None, console: Consol
     else:
         with console.status(f"starting Ray env actors for {escape(config.env)}"):
             env = await ray.environment(config.env, config.env_args, lambda: plan.env)
+    env = with_reward(env, config.reward)  # the run's reward in place of the env's score
     env = counting_turns(env, config)
     if config.max_obs_tokens is not None:
         env.max_obs_tokens = config.max_obs_tokens

@@ -19,6 +19,7 @@ from pathlib import Path
 from loomrl.data import Drawn, Fingerprint, check_record, draw
 from loomrl.envs import Environment
 from loomrl.envs import load as load_env
+from loomrl.envs.scored import check_rewards
 from loomrl.experience.files import check_estimator
 from loomrl.models import check_spec, is_vision, resolve
 from loomrl.run.common import check_engine_args
@@ -76,6 +77,7 @@ def plan_train(
     check_vision_training(config)
     check_engine_args(config.engine_args, source)
     check_log_to(config, source)
+    check_task_rewards(config, source)
     specs = config.task_specs().items()
     envs = {name: load_env(spec.env or name, **spec.env_args) for name, spec in specs}
     drawn = dict(drawn) if drawn is not None else draw_tasks(config, envs)
@@ -139,6 +141,13 @@ def check_vision_training(config: TrainConfig) -> None:
             f"model {config.model!r} sees images: training it with {used} is not "
             "supported (train it fully, with an outcome estimator such as grpo)"
         )
+
+
+def check_task_rewards(config: TrainConfig, source: str) -> None:
+    """Each task's reward (``reward``, ``tasks.NAME.reward``), before any engine starts."""
+    where = {name: f"{source}: tasks.{name}.reward" for name in config.tasks}
+    specs = config.task_specs().items()
+    check_rewards({where.get(name, f"{source}: reward"): spec.reward for name, spec in specs})
 
 
 def check_log_to(config: TrainConfig, source: str) -> None:

@@ -19,6 +19,7 @@ from loomrl.data import write_record
 from loomrl.distributed.run import RaySession, env_metrics
 from loomrl.engines.base import Engine
 from loomrl.engines.replicas import engine_metrics, has_remote
+from loomrl.envs.scored import close_rewards
 from loomrl.producer import ReplayBuffer, SyncProducer
 from loomrl.rollout import Rollouts
 from loomrl.rollout.metrics import compute_metrics
@@ -29,10 +30,17 @@ from loomrl.run.train_models import TrainModels, load_models
 from loomrl.run.train_plan import TrainPlan
 from loomrl.runs import write_trajectories
 from loomrl.train.checkpoint import save_checkpoint
+from loomrl.train.eval_set import EvalTask
 from loomrl.train.evaluate import eval_due, eval_row
 from loomrl.train.loggers import open_sinks
 from loomrl.train.lora import sync_weights
-from loomrl.train.production import make_producer, make_tasks, producer_row, ran_out
+from loomrl.train.production import (
+    make_producer,
+    make_tasks,
+    producer_row,
+    ran_out,
+    scored_evals,
+)
 from loomrl.train.step import learn_step, rollout_metrics
 
 EngineMaker = Callable[[Path, int], Engine]  # (model directory, policy version) -> engine
@@ -68,6 +76,7 @@ class Trainer:
         self.engine: Engine | None = None
         self.producer: SyncProducer | None = None
         self.tasks: list[Any] = []
+        self.evals: list[EvalTask] = []  # held out, scored by their task's reward
         self.sinks: list[Callable[[dict[str, Any]], None]] = []
         self.starts: engines.EngineStarts | None = None
         self._started = self._rollout_s = 0.0  # when the current step began; its rollout
@@ -86,7 +95,11 @@ class Trainer:
         and the producer; anything opened is closed again if a later part fails."""
         config, start = plan.config, plan.start
         tasks = await make_tasks(config, plan.envs, plan.drawn, ray)
-        models = load_models(plan)
+        try:
+            models = load_models(plan)
+        except BaseException:
+            await close_rewards([task.env for task in tasks])  # e.g. a judge's engine
+            raise
         if plan.overwrite and not plan.resume:
             plan.run.clear()
         plan.run.path.mkdir(parents=True, exist_ok=True)
@@ -99,7 +112,7 @@ class Trainer:
                 write_record(plan.run.path, plan.fingerprints)  # a run with a config has this
                 write_config(plan.run, config)
             trainer.rows = rows_up_to(plan.run, start)
-            trainer.tasks = tasks
+            trainer.tasks, trainer.evals = tasks, scored_evals(tasks, plan.evals)
             if not trainer.finished:
                 settings = config.model_dump(mode="json")
                 trainer.sinks = open_sinks(config.log_to, plan.run.path, settings)
@@ -130,6 +143,7 @@ class Trainer:
                 await self.producer.close()
             if self.engine is not None:
                 await self.engine.close()
+            await close_rewards([task.env for task in self.tasks])  # a judge's engine
         finally:
             self.buffer.close()
 
@@ -166,15 +180,14 @@ class Trainer:
 
     async def evaluate(self, step: int) -> dict[str, Any]:
         """The held-out evaluation when due after ``step`` steps (0: the baseline)."""
-        plan = self.plan
         due = step == 0 or eval_due(step, self.config.eval_every, self.config.steps)
-        if not plan.evals or not due:
+        if not self.evals or not due:
             return {}
         assert self.engine is not None
         settings = self.config.eval_settings()
-        row = await eval_row(self.engine, plan.evals, settings, plan.run, step)
+        row = await eval_row(self.engine, self.evals, settings, self.plan.run, step)
         if step == 0:
-            row["eval_overlap"] = sum(t.overlap for t in plan.evals)
+            row["eval_overlap"] = sum(t.overlap for t in self.evals)
         return row
 
     def row(self, step: int, trajs: Rollouts, learned: dict[str, Any]) -> dict[str, Any]:

@@ -15,6 +15,7 @@ from loomrl.config import (
     MAX_OBS_TOKENS,
     MAX_SEED,
     RAY,
+    REWARD,
     TURN_DISCOUNT,
     TURN_REWARD,
     read_toml,
@@ -24,6 +25,7 @@ from loomrl.data import DataConfig
 from loomrl.distributed.config import RayConfig
 from loomrl.engines.replicas import check_replicas
 from loomrl.models import DEFAULT_MODEL
+from loomrl.rewards.config import RewardConfig
 from loomrl.rollout.turn_rewards import TurnReward
 from loomrl.train.config_rules import check_knobs, check_pool, check_single_env
 from loomrl.train.critic import CriticConfig, check_critic
@@ -69,6 +71,7 @@ class TrainConfig(BaseModel):
     turn_reward: TurnReward | None = TURN_REWARD
     turn_discount: float | None = TURN_DISCOUNT
     max_obs_tokens: int | None = MAX_OBS_TOKENS
+    reward: RewardConfig | None = REWARD
     tasks: dict[str, TaskConfig] = Field(
         default_factory=dict,
         description="task name -> env (default: the name), weight, env_args and data; several "
@@ -292,6 +295,7 @@ class TrainConfig(BaseModel):
                     data=self.data,
                     turn_reward=self.turn_reward,
                     turn_discount=self.turn_discount,
+                    reward=self.reward,
                 )
             }
         return {
@@ -302,6 +306,7 @@ class TrainConfig(BaseModel):
                     "turn_discount": (
                         self.turn_discount if spec.turn_discount is None else spec.turn_discount
                     ),
+                    "reward": spec.reward or self.reward,
                 }
             )
             for name, spec in self.tasks.items()

@@ -3,15 +3,18 @@ the producer that samples groups of them into the replay buffer."""
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
 from loomrl.data import Drawn
 from loomrl.envs import Environment
+from loomrl.envs.scored import RubricEnv, with_reward
 from loomrl.producer import AsyncProducer, ProducerConfig, ReplayBuffer, SyncProducer, Task
 from loomrl.producer.metrics import producer_metrics
 from loomrl.rollout.turn_rewards import counting_turns
 from loomrl.train.config import TrainConfig
+from loomrl.train.eval_set import EvalTask
 from loomrl.types import SamplingParams
 
 if TYPE_CHECKING:
@@ -32,9 +35,20 @@ async def make_tasks(
         env = envs[name]
         if ray is not None:
             env = await ray.environment(spec.env or name, spec.env_args, lambda env=env: env)
+        env = with_reward(env, spec.reward)  # the task's reward in place of the env's score
         env = _budgeted(counting_turns(env, spec), config)
         tasks.append(Task(name, env, drawn[name].examples, spec.weight))
     return tasks
+
+
+def scored_evals(tasks: list[Task], evals: list[EvalTask]) -> list[EvalTask]:
+    """The held-out tasks scored as their training is: by the very scorer of their task
+    (one reward model or judge serves both; the task's env owns and closes it)."""
+    scorers = {t.name: t.env.scorer for t in tasks if isinstance(t.env, RubricEnv)}
+    return [
+        dataclasses.replace(e, env=RubricEnv(e.env, scorers[e.name])) if e.name in scorers else e
+        for e in evals
+    ]
 
 
 def _budgeted(env: Environment, config: TrainConfig) -> Environment:

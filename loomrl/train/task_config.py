@@ -8,6 +8,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from loomrl.config import TURN_DISCOUNT, TURN_REWARD
 from loomrl.data import DataConfig
+from loomrl.rewards.config import RewardConfig
 from loomrl.rollout.turn_rewards import TurnReward
 
 
@@ -27,3 +28,6 @@ class TaskConfig(BaseModel):
     )
     turn_reward: TurnReward | None = TURN_REWARD
     turn_discount: float | None = TURN_DISCOUNT
+    reward: RewardConfig | None = Field(
+        None, description="the task's reward in place of its env's score (default: [train]'s)"
+    )

@@ -176,7 +176,8 @@ def bad_file(tmp_path, name, text):
         (["--shuffle"], "--shuffle needs --data PATH (or data in the config file)"),
         (["--data", "{tmp}/bad.jsonl", "--limit", "0"],
          "--limit 0: Input should be greater than or equal to 1"),
-        (["--reward", "exact"], "environment 'arith' has no argument(s) ['reward']; it takes:"),
+        (["--reward", "exactt"],
+         "reward.rubric[0]: unknown reward function 'exactt' (did you mean 'exact'?)"),
     ],
 )  # fmt: skip
 def test_bad_data_is_one_line_before_any_engine(cli, tmp_path, argv, message):

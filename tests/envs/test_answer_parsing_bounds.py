@@ -12,12 +12,12 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from loomrl.answers import choice
+from loomrl.answers.checks import formatted
+from loomrl.answers.mathcheck import math_target
+from loomrl.answers.parse import NUMBER, Answer, extract_answer, parse_number, same_number, unwrap
 from loomrl.envs import load
-from loomrl.envs.answers import NUMBER, Answer, extract_answer, parse_number, same_number, unwrap
 from loomrl.envs.guess_number import MAX_DIGITS, GuessNumberEnv, first_int
-from loomrl.envs.qa import choice
-from loomrl.envs.qa.checks import formatted
-from loomrl.envs.qa.mathcheck import math_target
 from loomrl.parsers import HermesParser, ToolCall, ToolCallError
 
 BOUND_S = 0.05  # per parse of a 100k-character reply
@@ -53,7 +53,7 @@ _NAIVE_START = re.compile(rf"{_OPEN_NAIVE}([A-Z])(?=[.):*\]}}\n]|$)")
 
 
 def naive_chosen(text: str, n: int) -> int | None:
-    from loomrl.envs.answers import answer_line, boxed
+    from loomrl.answers.parse import answer_line, boxed
 
     for part in (boxed(text), answer_line(text)):
         match = None if part is None else _NAIVE_LEAD.match(part)

@@ -6,8 +6,8 @@ import json
 
 import pytest
 
+from loomrl.answers.parse import extract_answer, same_number
 from loomrl.envs import advance, load, split_score
-from loomrl.envs.answers import extract_answer, same_number
 from loomrl.envs.arith import ArithEnv
 from loomrl.envs.safe_math import evaluate
 

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from loomrl.envs.qa.choice import check_choices, chosen, reference_index, render
+from loomrl.answers.choice import check_choices, chosen, reference_index
+from loomrl.envs.qa.prompts import render
 
 
 @pytest.mark.parametrize(

@@ -9,7 +9,7 @@ import pytest
 
 from loomrl.envs import EnvState, load, split_score
 from loomrl.envs.qa import REWARDS, QAEnv
-from loomrl.envs.qa.checks import RewardName
+from loomrl.envs.qa.prompts import RewardName
 from loomrl.envs.registry import EnvArgsError, check_args
 
 

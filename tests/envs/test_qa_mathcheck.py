@@ -11,9 +11,9 @@ import threading
 
 import pytest
 
+from loomrl.answers.mathcheck import MathChecker, math_target
+from loomrl.answers.mathverify import GoldError, serve
 from loomrl.envs import load
-from loomrl.envs.mathverify import GoldError, serve
-from loomrl.envs.qa.mathcheck import MathChecker, math_target
 
 TOWER = r"$\boxed{9^{9^{9}}}$"  # sympy computes a 370-million-digit integer, holding the GIL
 

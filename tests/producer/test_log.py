@@ -238,8 +238,9 @@ def test_every_change_is_logged_with_the_progress(buffers):
 
 
 def test_a_rubric_env_saves_states_through_the_wrapped_envs_hooks(buffers):
+    from loomrl.envs.scored import RubricEnv
     from loomrl.producer.records import OWN, state_from_json, state_to_json
-    from loomrl.rewards.rubric import Rubric, RubricEnv
+    from loomrl.rewards.rubric import Rubric
 
     env = RubricEnv(Hooked(), Rubric({"one": (lambda s: 1.0, 1.0)}))
     state = env.reset(examples(1)[0])

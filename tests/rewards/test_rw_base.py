@@ -6,38 +6,9 @@ import math
 
 import pytest
 
-from loomrl.envs import EnvState, split_score
+from loomrl.envs import split_score
 from loomrl.rewards import RewardError, RewardSample, RewardScore, RewardSource, per_sample
 from loomrl.rewards.base import check_scores
-
-
-def test_from_state_takes_the_last_assistant_reply_and_the_user_turn_it_answers():
-    state = EnvState(
-        messages=[
-            {"role": "system", "content": "be brief"},
-            {"role": "user", "content": "guess"},
-            {"role": "assistant", "content": "5"},
-            {"role": "user", "content": "higher"},
-            {"role": "assistant", "content": "8"},
-            {"role": "user", "content": "correct! (closing record)"},
-        ],
-        example={"id": 3, "target": 8},
-        turn=2,
-    )
-    sample = RewardSample.from_state(state, label="game")
-    assert sample.completion == "8"
-    assert sample.prompt == "higher"
-    assert [m["content"] for m in sample.messages] == ["be brief", "guess", "5", "higher"]
-    assert sample.example == {"id": 3, "target": 8}
-    assert sample.label == "game" and sample.state is state
-    assert sample.conversation()[-1] == {"role": "assistant", "content": "8"}
-    assert len(sample.conversation()) == 5
-
-
-def test_from_state_without_a_reply_scores_an_empty_completion():
-    state = EnvState(messages=[{"role": "user", "content": "hi"}], example={})
-    sample = RewardSample.from_state(state)
-    assert sample.completion == "" and sample.prompt == "hi" and len(sample.messages) == 1
 
 
 def test_conversation_of_a_bare_sample_is_user_then_assistant():

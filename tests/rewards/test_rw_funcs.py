@@ -1,12 +1,12 @@
-"""The ready reward functions and the source registry."""
+"""The reward functions by name (one vocabulary with the qa env) and the source registry."""
 
 from __future__ import annotations
 
-import re
 import sys
 
 import pytest
 
+from loomrl.answers.parse import answer_line, boxed, final_answer
 from loomrl.rewards import (
     RewardError,
     RewardSample,
@@ -14,16 +14,15 @@ from loomrl.rewards import (
     Rubric,
     answer_format,
     available,
-    choice_answer,
-    exact_match,
+    choice,
+    exact,
     length_penalty,
     load,
-    math_answer,
+    math_verify,
     num_chars,
-    regex_match,
+    regex,
     register,
 )
-from loomrl.rewards.funcs import answer_line, boxed, final_answer
 
 
 def s(completion: str, **example) -> RewardSample:
@@ -50,20 +49,18 @@ def test_extractors():
         ("Answer: 12", 12, 1.0),
     ],
 )
-def test_exact_match(completion, answer, expected):
-    assert exact_match()(s(completion, answer=answer)) == expected
+def test_exact(completion, answer, expected):
+    assert exact()(s(completion, answer=answer)) == expected
 
 
-def test_exact_match_options():
-    assert exact_match(case_sensitive=True)(s("Answer: paris", answer="Paris")) == 0.0
-    assert exact_match("label", extract=lambda t: t.split()[-1])(s("it is B", label="b")) == 1.0
-    assert exact_match(extract=lambda t: None)(s("x", answer="x")) == 0.0
+def test_exact_reads_markup_lists_and_other_keys():
+    assert exact()(s("Answer: **Paris**.", answer="Paris")) == 1.0
+    assert exact()(s("Answer: Lyon", answer=["Paris", "Lyon"])) == 1.0
+    assert exact("label")(s("Answer: b", label="B")) == 1.0
     with pytest.raises(
-        ValueError,
-        match=r"exact_match reads example\['answer'\], but the "
-        r"example has keys: 'id'",
+        ValueError, match=r"exact: the example has no 'answer' \(the reference the exact check"
     ):
-        exact_match()(s("x", id=1))
+        exact()(s("x", id=1))
 
 
 @pytest.mark.parametrize(
@@ -78,58 +75,62 @@ def test_exact_match_options():
         ("I do not know", "4", 0.0),
     ],
 )
-def test_math_answer_with_math_verify(completion, answer, expected):
-    assert math_answer()(s(completion, answer=answer)) == expected
+def test_math_verify_with_math_verify(completion, answer, expected):
+    assert math_verify()(s(completion, answer=answer)) == expected
 
 
-async def test_math_answer_works_in_rubric_worker_threads():
-    rubric = Rubric({"math": math_answer()})
+async def test_math_verify_works_in_rubric_worker_threads():
+    rubric = Rubric({"math": math_verify()})
     scores = await rubric([s(r"$\boxed{\frac{6}{4}}$", answer="1.5"), s("7", answer="8")])
     assert scores == [1.0, 0.0]
 
 
-def test_math_answer_rejects_a_reference_it_cannot_parse():
-    with pytest.raises(ValueError, match="math-verify cannot parse the reference answer ''"):
-        math_answer()(s("3", answer=""))
-    with pytest.raises(ValueError, match="max_chars must be >= 1"):
-        math_answer(max_chars=0)
+def test_math_verify_rejects_a_reference_it_cannot_parse():
+    with pytest.raises(ValueError, match="must be a non-empty string or a number"):
+        math_verify()(s("3", answer=""))
+    with pytest.raises(ValueError, match="math-verify cannot parse the reference answer"):
+        math_verify()(s(r"\boxed{3}", answer="$$"))
 
 
-def test_math_answer_without_math_verify_says_what_to_install(monkeypatch):
+def test_math_verify_without_math_verify_says_what_to_install(monkeypatch):
     monkeypatch.setitem(sys.modules, "math_verify", None)  # import fails
     with pytest.raises(ImportError, match=r"pip install 'loomrl\[math\]'"):
-        math_answer()
+        math_verify()
 
 
-def test_regex_match_and_answer_format():
-    think = regex_match(r"<think>.*</think>\s*\S", flags=re.S)
-    assert think(s("<think>\nhm\n</think> 4")) == 1.0
-    assert think(s("4")) == 0.0
-    assert regex_match(r"\d+", full=True)(s("123")) == 1.0
-    assert regex_match(r"\d+", full=True)(s("123 apples")) == 0.0
-    with pytest.raises(ValueError, match=r"regex_match: invalid pattern '\(': missing \)"):
-        regex_match("(")
-    assert answer_format()(s("work\nAnswer: -3")) == 1.0
+def test_regex_and_answer_format():
+    assert regex(r"\d+")(s("Answer: 123")) == 1.0
+    assert regex(r"\d+")(s("Answer: 123 apples")) == 0.0  # full: the whole final answer
+    assert regex(r"<think>", match="search")(s("<think>\nhm\n</think> 4")) == 1.0
+    assert regex()(s("Answer: abc", answer="a.c")) == 1.0  # the example's answer as pattern
+    with pytest.raises(ValueError, match=r"invalid regex pattern '\(': missing \)"):
+        regex("(")
+    assert answer_format()(s("work\nAnswer: Paris")) == 1.0
+    assert answer_format("number")(s("work\nAnswer: -3")) == 1.0
+    assert answer_format("number")(s("work\nAnswer: Paris")) == 0.0
+    assert answer_format("boxed")(s(r"so \boxed{3}")) == 1.0
     assert answer_format()(s("the answer is 3")) == 0.0
+    with pytest.raises(ValueError, match="answer_format must be boxed, line or number"):
+        answer_format("xml")  # type: ignore[arg-type]
 
 
-def test_choice_answer_reads_the_chosen_letter():
-    assert choice_answer()(s("The answer is (B).", answer="B")) == 1.0
-    assert choice_answer()(s("Answer: C", answer=1)) == 0.0
+def test_choice_reads_the_chosen_letter():
+    assert choice()(s("The answer is (B).", answer="B")) == 1.0
+    assert choice()(s("Answer: C", answer=1)) == 0.0
     options = {"choices": ["Lyon", "Paris"]}
-    assert choice_answer()(s(r"\boxed{B}", answer="Paris", **options)) == 1.0
-    assert choice_answer("gold", choices_key="opts")(s("B.", gold=1, opts=["x", "y"])) == 1.0
+    assert choice()(s(r"\boxed{B}", answer="Paris", **options)) == 1.0
+    assert choice("gold", choices_key="opts")(s("B.", gold=1, opts=["x", "y"])) == 1.0
     with pytest.raises(ValueError, match="out of range for 2 options"):
-        choice_answer()(s("B", answer="C", **options))
-    with pytest.raises(ValueError, match=r"choice_answer reads example\['answer'\]"):
-        choice_answer()(s("B"))
+        choice()(s("B", answer="C", **options))
+    with pytest.raises(ValueError, match=r"choice: the example has no 'answer'"):
+        choice()(s("B"))
 
 
-async def test_choice_and_regex_match_are_sources_by_name():
-    assert {"choice", "regex_match"} <= set(available())
+async def test_choice_and_regex_are_sources_by_name():
+    assert {"choice", "regex"} <= set(available())
     samples = [s("Answer: B", answer="B"), s("Answer: A", answer="B")]
     assert await load("choice")(samples) == [1.0, 0.0]
-    assert await load("regex_match", pattern=r"Answer: [A-D]$", full=True)(samples) == [1.0, 1.0]
+    assert await load("regex", pattern=r"Answer: [A-D]$", match="search")(samples) == [1.0, 1.0]
 
 
 def test_length_penalty_is_dapo_soft_overlong_punishment():
@@ -151,9 +152,9 @@ def test_num_chars():
 async def test_registry_builds_sources_by_name():
     names = available()
     assert {
-        "exact_match",
+        "exact",
         "math_verify",
-        "answer_format",
+        "format",
         "length_penalty",
         "num_chars",
         "reward_model",
@@ -165,8 +166,8 @@ async def test_registry_builds_sources_by_name():
     assert await source([s("abc"), s("a")]) == [-0.5, 0.0]
     with pytest.raises(ValueError, match="unknown reward source 'nope'; registered sources: "):
         load("nope")
-    with pytest.raises(ValueError, match="reward source 'exact_match' is already registered"):
-        register("exact_match", lambda: None, "dup")
+    with pytest.raises(ValueError, match="reward source 'exact' is already registered"):
+        register("exact", lambda: None, "dup")
     with pytest.raises(ValueError, match="invalid reward source name 'a:b'"):
         register("a:b", lambda: None, "bad")
     register("test_not_callable", lambda: 3, "returns a number", replace=True)
@@ -177,7 +178,7 @@ async def test_registry_builds_sources_by_name():
 async def test_registry_source_errors_name_the_function():
     with pytest.raises(
         RewardError,
-        match=r"reward function 'exact_match' on sample 0 raised "
-        r"ValueError: exact_match reads example\['answer'\]",
+        match=r"reward function 'exact' on sample 0 raised "
+        r"ValueError: exact: the example has no 'answer'",
     ):
-        await load("exact_match")([s("x")])
+        await load("exact")([s("x")])

@@ -119,7 +119,7 @@ async def test_a_recipe_only_asks_the_judge_about_its_label(make_engine, chat, t
     reply = canned({"hello there": "Score: 5"}, tokenizer)
     engine = make_engine(reply)
     recipe = Recipe(
-        {"chat": [("judge", 1.0)], "math": [("exact_match", 1.0)]},
+        {"chat": [("judge", 1.0)], "math": [("exact", 1.0)]},
         sources={"judge": Judge(engine, chat)},
     )
     chat_sample = RewardSample("Say hi", "hello there", label="chat")
@@ -133,11 +133,11 @@ def test_construction_errors_are_precise(make_engine, chat):
     engine = make_engine()
     with pytest.raises(
         ValueError,
-        match=r"unknown field\(s\) \['answer'\]; available: "
-        r"completion, high, low, prompt, reference",
+        match=r"unknown field\(s\) \['reply'\]; available: "
+        r"answer, completion, high, low, prompt, question, reference",
     ):
-        Judge(engine, chat, template="{completion} vs {answer}")
-    with pytest.raises(ValueError, match=r"never shows the \{completion\}"):
+        Judge(engine, chat, template="{completion} vs {reply}")
+    with pytest.raises(ValueError, match=r"never shows the \{answer\}"):
         Judge(engine, chat, template="{prompt}")
     with pytest.raises(ValueError, match=r"invalid judge template: .*double literal braces"):
         Judge(engine, chat, template="{completion} {oops")

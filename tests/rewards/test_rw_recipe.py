@@ -82,13 +82,13 @@ async def test_sources_run_concurrently():
 
 async def test_builtin_names_resolve_through_the_registry_and_weight_zero_is_a_metric():
     recipe = Recipe(
-        {"default": [("exact_match", 1.0), ("num_chars", 0.0), ("rubric", 0.5)]},
+        {"default": [("exact", 1.0), ("num_chars", 0.0), ("rubric", 0.5)]},
         sources={"rubric": Rubric({"x": lambda s: 2.0})},
     )
     (result,) = await recipe.score_many(
         [RewardSample(prompt="q", completion="Answer: 7", example={"answer": 7})]
     )
-    assert result.values == {"exact_match": 1.0, "num_chars": 9.0, "rubric": 2.0}
+    assert result.values == {"exact": 1.0, "num_chars": 9.0, "rubric": 2.0}
     assert result.metrics == {"num_chars": 9.0}
     assert result.total == 2.0
 

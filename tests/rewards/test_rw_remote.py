@@ -284,7 +284,7 @@ async def test_unserialisable_examples_are_refused_before_sending(reward_server)
 
 async def test_a_recipe_routes_only_its_label_to_the_server(reward_server, dead_url):
     recipe = Recipe(
-        {"chat": [("remote", 1.0)], "math": [("exact_match", 1.0)]},
+        {"chat": [("remote", 1.0)], "math": [("exact", 1.0)]},
         sources={"remote": remote(reward_server.url)},
     )
     mixed = [*samples(2), RewardSample("q", "Answer: 3", {"answer": 3}, label="math")]

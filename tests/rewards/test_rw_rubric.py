@@ -11,13 +11,13 @@ import pytest
 from loomrl import rollout
 from loomrl.envs import EnvState, split_score
 from loomrl.envs.arith import ArithEnv
+from loomrl.envs.scored import RubricEnv, score_state
 from loomrl.rewards import (
     RewardError,
     RewardSample,
     Rubric,
-    RubricEnv,
     answer_format,
-    exact_match,
+    exact,
     num_chars,
 )
 
@@ -28,7 +28,7 @@ def sample(completion: str, **example) -> RewardSample:
 
 async def test_score_keeps_every_term_and_weights_only_reward_terms():
     rubric = Rubric(
-        {"correct": (exact_match(), 1.0), "format": (answer_format(), 0.25), "bonus": lambda s: 2},
+        {"correct": (exact(), 1.0), "format": (answer_format(), 0.25), "bonus": lambda s: 2},
         metrics={"chars": num_chars},
     )
     result = await rubric.score(sample("Answer: 5", answer=5))
@@ -104,8 +104,8 @@ async def test_term_errors_name_the_term_and_sample():
         await Rubric({"bad": lambda s: math.nan}).score(sample("a"))
     with pytest.raises(RewardError, match=r"rubric term 'none' on sample 0 returned NoneType"):
         await Rubric(metrics={"none": lambda s: None}).score(sample("a"))
-    with pytest.raises(RewardError, match=r"reads example\['answer'\], but the example has keys"):
-        await Rubric({"m": exact_match()}).score(sample("4", other=1))
+    with pytest.raises(RewardError, match=r"exact: the example has no 'answer'"):
+        await Rubric({"m": exact()}).score(sample("4", other=1))
 
 
 async def test_timeout_bounds_each_call():
@@ -137,12 +137,12 @@ def test_construction_errors_are_precise():
 
 
 async def test_score_state_returns_what_environment_score_returns():
-    rubric = Rubric({"correct": exact_match()}, metrics={"chars": num_chars})
+    rubric = Rubric({"correct": exact()}, metrics={"chars": num_chars})
     state = EnvState(
         messages=[{"role": "user", "content": "2+3?"}, {"role": "assistant", "content": "5"}],
         example={"answer": 5},
     )
-    assert await rubric.score_state(state) == {"correct": 1.0}
+    assert await score_state(rubric, state) == {"correct": 1.0}
 
 
 async def test_rubric_env_scores_a_real_rollout(make_engine):
@@ -150,7 +150,7 @@ async def test_rubric_env_scores_a_real_rollout(make_engine):
     examples = env.dataset(3, seed=1)
     engine = make_engine(lambda ids, p: "Answer: " + str(_answer_for(engine, ids, examples)))
     rubric = Rubric(
-        {"correct": (exact_match(), 1.0), "format": (answer_format(), 0.1)},
+        {"correct": (exact(), 1.0), "format": (answer_format(), 0.1)},
         metrics={"chars": num_chars},
     )
     wrapped = RubricEnv(env, rubric)

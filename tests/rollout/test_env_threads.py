@@ -170,7 +170,8 @@ from transformers import AutoTokenizer
 from loomrl import Environment, ToolEnv
 from loomrl.engines import ScriptedEngine
 from loomrl.models import DEFAULT_MODEL, resolve
-from loomrl.rewards import Rubric, RubricEnv
+from loomrl.envs.scored import RubricEnv
+from loomrl.rewards import Rubric
 
 
 def hang(*args, **kwargs):

@@ -4,7 +4,7 @@ bonus, and an optional multi-turn retry loop (``max_attempts``)."""
 
 from __future__ import annotations
 
-from loomrl.envs.qa.checks import REWARDS
 from loomrl.envs.qa.env import QAEnv
+from loomrl.envs.qa.prompts import REWARDS
 
 __all__ = ["REWARDS", "QAEnv"]

@@ -4,8 +4,8 @@ Examples (``loomrl.data`` loads them; the environment generates none) open with
 ``messages`` (the chat that opens the episode, used as it is; the system prompt goes first
 unless it starts with one) or, when those are absent or null, ``question`` (the user
 message; a ``choices`` list is rendered under it as ``A. ...`` lines), and carry
-``answer``, the reference each reward reads (``loomrl.envs.qa.checks``,
-``loomrl.envs.qa.choice``).
+``answer``, the reference each reward reads (``loomrl.answers.checks``,
+``loomrl.answers.choice``).
 
 ``max_attempts > 1`` is the retry shape: after a wrong reply the environment says so
 (``retry_prompt``, plus the format hint when the reply missed the asked form) without
@@ -24,11 +24,13 @@ import importlib.util
 import math
 from typing import Any
 
+from loomrl.answers import checks, choice
+from loomrl.answers.check import make_check
+from loomrl.answers.checks import AnswerFormat, MatchMode
+from loomrl.answers.mathverify import INSTALL_HINT, GoldError
 from loomrl.envs.base import Environment, EnvState, EnvStep, Message
-from loomrl.envs.mathverify import INSTALL_HINT, GoldError
-from loomrl.envs.qa import checks, choice
-from loomrl.envs.qa.checks import AnswerFormat, MatchMode, RewardName
-from loomrl.envs.qa.mathcheck import MathChecker, math_target
+from loomrl.envs.qa import prompts
+from loomrl.envs.qa.prompts import RewardName
 
 DEFAULT_RETRY = "That is not correct. Try again ({left} attempts left)."
 
@@ -63,9 +65,9 @@ class QAEnv(Environment):
         attempt from a right answer. ``retry_prompt``: the reply to a wrong answer
         (``{left}`` is the attempts left). ``math_timeout``: seconds per math-verify check.
         """
-        if reward not in checks.REWARDS:
+        if reward not in prompts.REWARDS:
             raise ValueError(
-                f"unknown reward {reward!r}; known rewards: {', '.join(checks.REWARDS)}"
+                f"unknown reward {reward!r}; known rewards: {', '.join(prompts.REWARDS)}"
             )
         if max_attempts < 1:
             raise ValueError(f"max_attempts must be >= 1, got {max_attempts}")
@@ -89,12 +91,16 @@ class QAEnv(Environment):
         self.reward, self.max_attempts, self.max_turns = reward, max_attempts, max_attempts
         self.format_weight, self.attempt_penalty = format_weight, attempt_penalty
         self.retry_prompt, self.match = retry_prompt, match
-        self.answer_format = answer_format or checks.DEFAULT_FORMAT[reward]
-        self.pattern = None if pattern is None else checks.compile_pattern(pattern)
+        self.answer_format = answer_format or prompts.DEFAULT_FORMAT[reward]
+        self.pattern = pattern
         if system_prompt is None:
-            system_prompt = checks.default_prompt(reward, self.answer_format)
+            system_prompt = prompts.default_prompt(reward, self.answer_format)
         self.system_prompt = system_prompt or None
-        self.checker = MathChecker(math_timeout) if reward == "math_verify" else None
+        kwargs: dict[str, Any] = {"math_verify": {"timeout_s": math_timeout}}.get(reward, {})
+        if reward == "regex":
+            kwargs = {"pattern": pattern, "match": match}
+        self.check = make_check(reward, **kwargs)
+        self.checker = getattr(self.check, "checker", None)  # math_verify's child processes
         # Pure Python, microseconds a call: run inline. math-verify waits on a child process.
         self.nonblocking = reward != "math_verify"
 
@@ -121,7 +127,7 @@ class QAEnv(Environment):
             return EnvStep([], done=True, info=info)
         feedback = self.retry_prompt.format(left=self.max_attempts - attempts)
         if not checks.formatted(reply, self.answer_format):
-            feedback += " " + checks.format_hint(self.answer_format, self.reward)
+            feedback += " " + prompts.format_hint(self.answer_format, self.reward)
         return EnvStep([{"role": "user", "content": feedback}], done=False, info=info)
 
     def score(self, state: EnvState) -> dict[str, float]:
@@ -144,19 +150,8 @@ class QAEnv(Environment):
     def correct(self, reply: str, example: dict[str, Any]) -> bool:
         """Whether ``reply`` answers ``example`` rightly; raises only for a bad example."""
         ref = self.reference(example)
-        if self.reward == "choice":
-            index, n = ref
-            return choice.chosen(reply, n) == index
-        if self.reward == "exact":
-            return checks.exact_correct(reply, ref)
-        if self.reward == "regex":
-            return checks.regex_correct(reply, ref, self.match)
-        target = math_target(reply)
-        if target is None:
-            return False
-        assert self.checker is not None
         try:
-            return self.checker.equal(ref, target)
+            return self.check.correct(reply, ref)
         except GoldError as exc:
             raise ValueError(f"{self.name}: example {example.get('id')!r}: {exc}") from None
 
@@ -167,24 +162,13 @@ class QAEnv(Environment):
         if not isinstance(example, dict):
             raise ValueError(f"{self.name}: an example must be an object, got {example!r:.80}")
         where = f"{self.name}: example {example.get('id')!r}"
-        if self.reward == "regex" and self.pattern is not None:
-            return self.pattern
-        if "answer" not in example or example["answer"] is None:
+        needs_answer = not (self.reward == "regex" and self.pattern is not None)
+        if needs_answer and example.get("answer") is None:
             raise ValueError(
                 f"{where} has no 'answer' (the reference the {self.reward} reward reads)"
             )
-        answer = example["answer"]
         try:
-            if self.reward == "choice":
-                options = example.get("choices")
-                options = None if options is None else choice.check_choices(options)
-                n = len(options) if options is not None else len(choice.LETTERS)
-                return choice.reference_index(answer, options), n
-            if self.reward == "exact":
-                return checks.exact_references(answer)
-            if self.reward == "regex":
-                return checks.compile_pattern(answer)
-            return checks.math_gold(answer)
+            return self.check.reference(example)
         except ValueError as exc:
             raise ValueError(f"{where}: {exc}") from None
 
@@ -209,7 +193,7 @@ def _opening(example: dict[str, Any], system_prompt: str | None) -> list[Message
         raise ValueError(f"qa: {where} has neither 'question' nor 'messages'")
     question = str(example["question"])
     if example.get("choices") is not None:
-        question = choice.render(question, choice.check_choices(example["choices"]))
+        question = prompts.render(question, choice.check_choices(example["choices"]))
     system = [{"role": "system", "content": system_prompt}] if system_prompt else []
     return [*system, {"role": "user", "content": question}]
 

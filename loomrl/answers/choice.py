@@ -1,4 +1,4 @@
-"""Multiple choice: the letter a reply chose, the reference's option, the options' text.
+"""Multiple choice: the letter a reply chose, and the reference's option.
 
 ``chosen(text, n)`` reads the 0-based option a reply picked among ``n`` (letters A, B, …),
 trying in order, and taking the first that gives a letter in range:
@@ -24,7 +24,7 @@ import string
 from collections.abc import Sequence
 from typing import Any
 
-from loomrl.envs.answers import answer_line, boxed
+from loomrl.answers.parse import answer_line, boxed
 
 LETTERS = string.ascii_uppercase
 _OPEN = r"(?:[\s*_`$(\[{]|\\(?:text(?:bf|rm)?|math(?:rm|bf))\{)*+"
@@ -95,9 +95,3 @@ def check_choices(choices: Any) -> list[str]:
     if any(isinstance(c, bool) or not isinstance(c, str | int | float) for c in choices):
         raise ValueError(f"'choices' must hold strings or numbers, got {choices!r:.80}")
     return [str(c) for c in choices]
-
-
-def render(question: str, choices: Sequence[str]) -> str:
-    """The question followed by its options, one a line: ``A. first``, ``B. second``…"""
-    options = "\n".join(f"{LETTERS[i]}. {text}" for i, text in enumerate(choices))
-    return f"{question.rstrip()}\n\n{options}"

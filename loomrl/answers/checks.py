@@ -1,9 +1,11 @@
-"""What each reward of the ``qa`` environment reads, and how it decides a reply is right.
+"""How a reply's answer is compared with a reference: the ``exact``, ``regex`` and
+``format`` checks, and the reference forms the ``math_verify`` check reads.
 
 Every function here takes model text and never raises on it; a reference that cannot be
-used raises ``ValueError`` saying why (the environment adds the example's id). Parsing is
-linear in the reply's length (``loomrl.envs.answers``), except a ``regex`` pattern's own
-cost, which is the pattern author's.
+used raises ``ValueError`` saying why (callers add the example's id). Parsing is linear in
+the reply's length (``loomrl.answers.parse``), except a ``regex`` pattern's own cost, which
+is the pattern author's. The ``qa`` environment and ``loomrl.rewards.funcs`` both decide
+with these functions, so a reward name means one thing everywhere.
 """
 
 from __future__ import annotations
@@ -13,35 +15,10 @@ import re
 from decimal import Decimal
 from typing import Any, Literal
 
-from loomrl.envs.answers import answer_line, boxed, final_answer, normalize_text, unwrap
+from loomrl.answers.parse import answer_line, boxed, final_answer, normalize_text, unwrap
 
-RewardName = Literal["math_verify", "exact", "regex", "choice"]
 AnswerFormat = Literal["boxed", "line"]
 MatchMode = Literal["full", "search"]
-
-REWARDS: tuple[str, ...] = ("choice", "exact", "math_verify", "regex")
-DEFAULT_FORMAT: dict[str, AnswerFormat] = {
-    "math_verify": "boxed", "exact": "line", "regex": "line", "choice": "line",
-}  # fmt: skip
-_TASKS = {
-    "math_verify": "Solve the problem.",
-    "exact": "Answer the question.",
-    "regex": "Answer the question.",
-    "choice": "Answer the multiple-choice question with the letter of the correct option.",
-}
-
-
-def format_hint(answer_format: AnswerFormat, reward: str) -> str:
-    """The sentence asking for the answer format (the system prompt's and the retry's)."""
-    if answer_format == "boxed":
-        return "Put your final answer within \\boxed{}."
-    what = "letter" if reward == "choice" else "answer"
-    return f"End your reply with a line of the form 'Answer: <{what}>'."
-
-
-def default_prompt(reward: str, answer_format: AnswerFormat) -> str:
-    """The system prompt used when none is given: the task, then the answer format."""
-    return f"{_TASKS[reward]} {format_hint(answer_format, reward)}"
 
 
 def formatted(reply: str, answer_format: AnswerFormat) -> bool:

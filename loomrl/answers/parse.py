@@ -4,10 +4,10 @@ Numbers (the built-in envs): the requested format is a line ``Answer: <number>``
 models often miss it, so the value falls back to the last number in the text:
 correctness stays learnable while a separate format component rewards the exact form.
 
-Text (``qa``, ``loomrl.rewards``): ``final_answer`` reads the last ``\\boxed{...}``, else
-the last ``Answer:`` line, else the whole reply; ``normalize_text`` and ``unwrap`` make
-two answers comparable. Every parser here is linear in the length of the text: model
-replies can be long and adversarial.
+Text (``qa``, the ``loomrl.rewards`` functions): ``final_answer`` reads the last
+``\\boxed{...}``, else the last ``Answer:`` line, else the whole reply; ``normalize_text``
+and ``unwrap`` make two answers comparable. Every parser here is linear in the length of
+the text: model replies can be long and adversarial.
 """
 
 from __future__ import annotations

@@ -1,4 +1,5 @@
-"""``math_equal``: whether an answer is mathematically equal to a reference, by ``math-verify``.
+"""Whether an answer is mathematically equal to a reference, by ``math-verify``: the child
+process ``loomrl.answers.mathcheck.MathChecker`` runs (never the caller's own thread).
 
 Both sides go through ``math_verify.parse`` (LaTeX, ``\\boxed{}``, plain expressions); a
 reference without ``$`` delimiters that does not parse as it is is retried as
@@ -9,7 +10,7 @@ math-verify's own timeouts use ``signal.alarm``, which works only in the main th
 they are off here: callers bound the time. That bound must be a process boundary for model
 text, because some answers (``\\boxed{9^{9^{9}}}``) make sympy compute for minutes inside
 one C call that holds the GIL, stopping every thread of the process. Run as a script,
-this file is the child process ``loomrl.envs.qa.mathcheck.MathChecker`` starts: it
+this file is the child process ``loomrl.answers.mathcheck.MathChecker`` starts: it
 imports nothing from loomrl, so the child only pays for math-verify's own imports.
 
 Child protocol (JSON lines): it first writes ``{"ready": true}`` (or ``{"import_error":
@@ -40,15 +41,6 @@ def require_math_verify(who: str = "this check") -> Any:
     except ImportError as exc:
         raise ImportError(f"{who} needs the optional package math-verify: {INSTALL_HINT}") from exc
     return math_verify
-
-
-def math_equal(gold: str, answer: str) -> bool:
-    """True when ``answer`` holds a value math-verify finds equal to the reference ``gold``.
-
-    Raises ``GoldError`` when ``gold`` does not parse. Unbounded in time (see the module
-    docstring): hand it short texts, or run it in a process you can kill.
-    """
-    return equal_to(parse_gold(gold), answer)
 
 
 def parse_gold(gold: str) -> Any:

@@ -1,9 +1,9 @@
-"""The ``math_verify`` reward's checks, in child processes a runaway check cannot freeze.
+"""math-verify checks in child processes a runaway check cannot freeze.
 
 Why processes: math-verify has no bound on its time, and its worst cases (a reply like
 ``\\boxed{9^{9^{9}}}``) run inside one C call that holds the GIL, so in a thread they stop
-the whole process, event loop and ``env_timeout`` included (``loomrl.envs.mathverify``).
-``MathChecker`` keeps up to ``workers`` children (``python -P loomrl/envs/mathverify.py``,
+the whole process, event loop and ``env_timeout`` included (``loomrl.answers.mathverify``).
+``MathChecker`` keeps up to ``workers`` children (``python -P loomrl/answers/mathverify.py``,
 started on demand, reused) and gives each check ``timeout_s`` seconds; a child past it is
 killed, the check counts as *not equal* (the reply scores 0: the model wrote it), and the
 next check starts a fresh child. A reference that does not parse is a ``GoldError``.
@@ -27,9 +27,9 @@ import time
 import weakref
 from typing import Any
 
-from loomrl.envs import mathverify
-from loomrl.envs.answers import answer_line, boxed, unwrap
-from loomrl.envs.mathverify import GoldError
+from loomrl.answers import mathverify
+from loomrl.answers.mathverify import GoldError
+from loomrl.answers.parse import answer_line, boxed, unwrap
 
 logger = logging.getLogger(__name__)
 
