@@ -111,7 +111,7 @@ def plan_rollout(
         run.check_new("rollout", overwrite=overwrite)
     check_spec(config.model)
     check_engine_args(config.engine_args, source)
-    check_rewards({f"{source}: reward": config.reward})
+    check_rewards({"reward": config.reward})
     env = load_env(config.env, **config.env_args)
     drawn = drawn or draw_examples(config, env)
     if resume and drawn.fingerprint is not None:

@@ -9,13 +9,13 @@ import json
 import tomllib
 
 import pytest
-from loomrl.train.eval_command import Target, run_eval
-from loomrl.train.loop import train
 from rich.console import Console
 
 from loomrl.config import RolloutConfig
 from loomrl.engines import ScriptedEngine
 from loomrl.envs import load as load_env
+from loomrl.run.evaluate import Target, run_eval
+from loomrl.run.train import train
 from loomrl.runs import read_trajectories
 from loomrl.train.config import TrainConfig
 from loomrl.train.eval_set import EvalTask
@@ -86,7 +86,7 @@ async def test_a_task_reward_overrides_the_runs(tmp_path, reward, answers):
 
 
 async def test_rollout_runs_with_the_same_reward_config(tmp_path, reward, answers):
-    from loomrl.rollout_cli import run_rollout
+    from loomrl.run.rollout import run_rollout
 
     config = RolloutConfig(
         env="arith", env_args={"max_operand": 3}, model="tiny-random", examples=3, n=2,
