@@ -115,6 +115,8 @@ async def _play(
     opened: list[EnvState],
     barrier: TurnBarrier | None,
 ) -> EnvState:
+    """Each turn: generate it, let the env answer, stop, or take the answer into the
+    sequence for the next turn."""
     episode = await _begin(ctx, traj, example, resume, opened, barrier)
     for number in range(traj.turns + 1, ctx.max_turns + 1):
         turn = await _generate_turn(ctx, traj, episode, number)
