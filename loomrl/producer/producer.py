@@ -30,6 +30,8 @@ from loomrl.producer.group import FINAL, UNTRAINABLE, Group, GroupStatus, Sample
 from loomrl.producer.progress import Progress
 from loomrl.producer.tasks import Task, next_task
 from loomrl.rollout.context import RolloutContext, close_context, open_context
+from loomrl.rollout.pacing import Continuous
+from loomrl.rollout.scheduler import example_id
 from loomrl.rollout.scoring import score
 from loomrl.rollout.turn_loop import Preempted, Resume, run_trajectory
 from loomrl.tokens import ChatTokenizer
@@ -94,16 +96,16 @@ class Producer:
         # Tail groups of a resumed buffer still run to the end without expiry.
         self.gate.exempt = {g.group_id for g in self.buffer.groups.values() if g.tail}
         self.contexts: dict[str, RolloutContext] = {}
+        self.pacing = Continuous(concurrency)  # seats shared by every task's samples
         for task in tasks:
             ctx = open_context(
                 engine, task.env, chat=chat, sampling=sampling, max_turns=max_turns,
                 max_len=max_len, env_timeout=env_timeout, isolate_errors=on_error == "isolate",
                 env_workers=env_workers,
             )  # fmt: skip
-            ctx.gate, ctx.checkpoint = self.gate, self._checkpoint
+            ctx.gate, ctx.checkpoint, ctx.pacing = self.gate, self._checkpoint, self.pacing
             self.contexts[task.name] = ctx
             chat = ctx.chat  # one template cache for every task
-        self._slots = asyncio.Semaphore(concurrency)
         self._running: dict[int, asyncio.Task[None]] = {}
         self._waiters: set[asyncio.Event] = set()
         self._failure: BaseException | None = None
@@ -297,10 +299,11 @@ class Producer:
                 if sample is not None:  # its env state could not be saved: start again
                     self.buffer.drop_sample(group, index, "restarted")
                 traj = Trajectory(
-                    example_id=_example_id(group), group_id=group.group_id,
+                    example_id=example_id(group.example, group.example_index),
+                    group_id=group.group_id,
                     sample_index=index, env=ctx.env.name,
                 )  # fmt: skip
-            async with self._slots:
+            async with self.pacing:
                 try:
                     state = await run_trajectory(ctx, traj, group.example, resume)
                 except Preempted as exc:
@@ -391,8 +394,3 @@ class Producer:
             )
             exc.add_note(self._failure_note)
         raise exc
-
-
-def _example_id(group: Group) -> int:
-    value = group.example.get("id")
-    return value if isinstance(value, int) and not isinstance(value, bool) else group.example_index

@@ -32,7 +32,7 @@ from typing import Any, Protocol
 
 from loomrl.engines.base import Engine
 from loomrl.envs.base import Environment, EnvState, EnvTimeout
-from loomrl.rollout.barrier import TurnBarrier
+from loomrl.rollout.pacing import Pacing
 from loomrl.rollout.turn_rewards import check_mode
 from loomrl.tokens import ChatTokenizer
 from loomrl.types import SamplingParams, Trajectory
@@ -82,7 +82,7 @@ class RolloutContext:
     run_id: str
     inline: bool = False  # call sync env methods on the loop (see the module docstring)
     max_obs_tokens: int | None = None  # per env message (loomrl.rollout.observations)
-    barrier: TurnBarrier | None = None
+    pacing: Pacing | None = None  # its barrier, if any, paces the turns (loomrl.rollout.pacing)
     gate: Gate | None = None
     checkpoint: Checkpoint | None = None
     in_flight: set[str] = field(default_factory=set)

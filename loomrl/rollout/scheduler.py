@@ -1,11 +1,13 @@
-"""``rollout``: many trajectories at once, with no turn barrier.
+"""``rollout``: many trajectories at once, paced by one policy.
 
 Each trajectory is its own task; a finished turn's env step starts at once, concurrently
-with decoding of other trajectories and with other env steps. A semaphore caps the
-trajectories in flight, and tasks are created only as slots free up, so memory stays
-bounded for any number of examples. ``mode="turn_sync"`` runs the turn-synchronous
-baseline instead: waves of ``concurrency`` trajectories in which every turn waits for the
-slowest generation and then for the slowest env step.
+with decoding of other trajectories and with other env steps. The pacing
+(``loomrl.rollout.pacing``) hands out the seats: a task is created only once it has one,
+so memory stays bounded for any number of examples, and it keeps the seat until its
+trajectory is scored. ``mode="turn_sync"`` is only another pacing: waves of
+``concurrency`` trajectories whose turns wait at a barrier for the slowest generation and
+then for the slowest env step. The producers (``loomrl.producer``) run their samples
+through the same turn loop, pacing and scoring.
 """
 
 from __future__ import annotations
@@ -18,10 +20,10 @@ from typing import Any, Literal
 from loomrl.engines.base import Engine
 from loomrl.envs import load as load_env
 from loomrl.envs.base import Environment, EnvState
-from loomrl.rollout.barrier import TurnBarrier
 from loomrl.rollout.context import RolloutContext, close_context, open_context
 from loomrl.rollout.gc_pacing import fewer_collections
 from loomrl.rollout.metrics import RolloutMetrics, compute_metrics
+from loomrl.rollout.pacing import Pacing, pacing
 from loomrl.rollout.scoring import batches_scores, score
 from loomrl.rollout.turn_loop import run_trajectory
 from loomrl.tokens import ChatTokenizer
@@ -73,17 +75,17 @@ async def rollout(
         )
     if on_error not in ("raise", "isolate"):
         raise ValueError(f"on_error must be 'raise' or 'isolate', got {on_error!r}")
-    if mode not in ("continuous", "turn_sync"):
-        raise ValueError(f"mode must be 'continuous' or 'turn_sync', got {mode!r}")
+    examples = list(examples)
+    paced = pacing(mode, concurrency, len(examples) * n)  # a bad mode fails here
     env = load_env(env) if isinstance(env, str) else env
     ctx = open_context(
         engine, env, chat=chat, sampling=sampling, max_turns=max_turns, max_len=max_len,
         env_timeout=env_timeout, isolate_errors=on_error == "isolate", env_workers=env_workers,
     )  # fmt: skip
-    examples = list(examples)
+    ctx.pacing = paced
     trajs = [
         Trajectory(
-            example_id=_example_id(example, i),
+            example_id=example_id(example, i),
             group_id=first_group_id + i,
             sample_index=s,
             env=env.name,
@@ -95,13 +97,7 @@ async def rollout(
     start = time.perf_counter()
     with fewer_collections():
         try:
-            if mode == "continuous":
-                await runner.run(range(len(trajs)), concurrency)
-            else:
-                for first in range(0, len(trajs), concurrency):
-                    wave = range(first, min(first + concurrency, len(trajs)))
-                    ctx.barrier = TurnBarrier(len(wave))
-                    await runner.run(wave, len(wave))
+            await runner.run(paced)
         finally:
             close_context(ctx)
     return Rollouts(trajs, compute_metrics(trajs, n, time.perf_counter() - start))
@@ -113,7 +109,8 @@ def rollout_sync(*args: Any, **kwargs: Any) -> Rollouts:
 
 
 class _Runner:
-    """Runs trajectory tasks under a width cap and stops everything on the first error."""
+    """Starts a task per trajectory as the pacing seats it, scores each group once its
+    samples ended, and stops everything on the first error."""
 
     def __init__(
         self,
@@ -129,18 +126,18 @@ class _Runner:
         self.states: dict[int, EnvState | None] = {}
         self.failure: BaseException | None = None
 
-    async def run(self, indices: Iterable[int], width: int) -> None:
-        slots = asyncio.Semaphore(width)
+    async def run(self, paced: Pacing) -> None:
         tasks: set[asyncio.Task[None]] = set()
 
         def finished(task: asyncio.Task[None]) -> None:
-            slots.release()
+            paced.exit()
             tasks.discard(task)
             if not task.cancelled() and task.exception() is not None and self.failure is None:
                 self.failure = task.exception()
+                paced.close()  # a launch waiting for its seat gives up
 
-        for index in indices:
-            await slots.acquire()
+        for index in range(len(self.trajs)):
+            await paced.enter()
             if self.failure is not None:
                 break
             task = asyncio.create_task(self._one(index))
@@ -185,7 +182,7 @@ class _Runner:
                 self.on_trajectory(traj)
 
 
-def _example_id(example: dict[str, Any], index: int) -> int:
+def example_id(example: dict[str, Any], index: int) -> int:
     """The example's integer ``id`` when it has one, else its position in the input."""
     value = example.get("id")
     return value if isinstance(value, int) and not isinstance(value, bool) else index

@@ -15,10 +15,12 @@ from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
-from loomrl.envs.base import Environment, EnvState, TurnRecord
+from loomrl.envs.base import Environment, EnvState, EnvStep, TurnRecord
+from loomrl.rollout import requests
 from loomrl.rollout.context import EnvTimeout, RolloutContext
 from loomrl.rollout.observations import cap_messages, fit_messages
-from loomrl.types import CONTINUED, Completion, SamplingParams, Status, Trajectory
+from loomrl.rollout.pacing import TurnBarrier
+from loomrl.types import Completion, Status, Trajectory
 
 
 class PromptTooLong(ValueError):
@@ -55,10 +57,11 @@ async def run_trajectory(
     ``ctx.isolate_errors``). With ``resume``, ``traj`` holds a checkpointed prefix that
     is continued as it is, never re-rendered."""
     started = time.perf_counter()
+    barrier = ctx.pacing.barrier if ctx.pacing is not None else None  # this wave's
     opened: list[EnvState] = [] if resume is None else [resume.state]
     ended = False
     try:
-        state = await _play(ctx, traj, example, resume, opened)
+        state = await _play(ctx, traj, example, resume, opened, barrier)
         ended = True
         return state
     except Preempted:
@@ -75,9 +78,33 @@ async def run_trajectory(
         )
         if not ended and opened:  # not going to be scored: the episode is over here
             ctx.release(opened[0])
-        if ctx.barrier is not None:
-            ctx.barrier.leave()
+        if barrier is not None:
+            barrier.leave()
     return None
+
+
+@dataclass(slots=True)
+class _Episode:
+    """What the turn loop carries from turn to turn besides the trajectory itself."""
+
+    state: EnvState
+    stop: tuple[str, ...] | None  # the env's stop strings for the next generation
+    encoded: int  # how many of ``state.messages`` the trajectory's tokens encode
+    images: list[Any]  # the loaded images of those messages (vision chats)
+    barrier: TurnBarrier | None  # the pacing's turn barrier (turn_sync), else None
+    records_turns: bool  # the env overrides ``record_turn`` (most do not)
+
+
+@dataclass(slots=True)
+class _Turn:
+    """A model turn as generated: its last piece, where it starts in the completion, its
+    ids, the end marker it closed with and its assistant message."""
+
+    out: Completion
+    start: int
+    ids: list[int]
+    end: tuple[int, ...]
+    message: dict[str, Any]
 
 
 async def _play(
@@ -86,13 +113,40 @@ async def _play(
     example: dict[str, Any],
     resume: Resume | None,
     opened: list[EnvState],
+    barrier: TurnBarrier | None,
 ) -> EnvState:
-    env, chat, clock = ctx.env, ctx.chat, traj.timings
-    records_turns = type(env).record_turn is not Environment.record_turn  # most envs: no
+    """Each turn: generate it, let the env answer, stop, or take the answer into the
+    sequence for the next turn."""
+    episode = await _begin(ctx, traj, example, resume, opened, barrier)
+    for number in range(traj.turns + 1, ctx.max_turns + 1):
+        turn = await _generate_turn(ctx, traj, episode, number)
+        if turn is None:  # out of room or aborted: ``traj.status`` says which
+            break
+        step = await _answer(ctx, traj, episode, turn)
+        if _stop(traj, episode, step, last=number == ctx.max_turns):
+            break
+        if not _take_reply(ctx, traj, episode, step, turn.end):
+            break
+    # The env's closing reply stays in the state (scoring reads it) but not in the
+    # trajectory, whose messages are exactly the conversation its tokens encode.
+    traj.messages = episode.state.messages[: episode.encoded]
+    return episode.state
+
+
+async def _begin(
+    ctx: RolloutContext,
+    traj: Trajectory,
+    example: dict[str, Any],
+    resume: Resume | None,
+    opened: list[EnvState],
+    barrier: TurnBarrier | None,
+) -> _Episode:
+    """Reset the env and render the prompt, or take up a checkpointed trajectory."""
+    env, chat = ctx.env, ctx.chat
     if resume is None:
         state = await ctx.env_call(env.reset, example, what="reset")
         opened.append(state)
-        traj.messages = state.messages  # replaced below by the part the tokens encode
+        traj.messages = state.messages  # replaced at the end by the part the tokens encode
         traj.prompt_ids = chat.prompt_ids(state.messages, state.tools)
         if len(traj.prompt_ids) >= ctx.max_len:
             raise PromptTooLong(
@@ -102,123 +156,155 @@ async def _play(
         stop: tuple[str, ...] | None = None
     else:
         state, stop = resume.state, resume.stop
-    ids, logprobs, mask = traj.completion_ids, traj.logprobs, traj.loss_mask
-    encoded = len(state.messages)
-    images = _images(traj, state.messages[:encoded]) if chat.takes_images else []
-    for turn in range(traj.turns + 1, ctx.max_turns + 1):
-        turn_start = _open_turn_start(traj)
-        out = None
-        while True:  # one turn: pieces when a weight update cuts it or FIRE starts it hot
-            budget = ctx.max_len - len(traj.prompt_ids) - len(ids)
-            if budget <= 0:
-                break
-            epoch = 0 if ctx.gate is None else await ctx.gate.admit(traj)
-            if ctx.barrier is not None:
-                await ctx.barrier.wait()
-            made = len(ids) - turn_start
-            hot = _hot_tokens(ctx.sampling, turn, made)
-            t0 = time.perf_counter()
-            out = await _generate(
-                ctx,
-                traj.prompt_ids + ids,
-                budget,
-                stop,
-                _seed(ctx, traj, turn, made),
-                made,
-                key=f"{traj.group_id}.{traj.sample_index}",
-                hot=hot,
-                images=images,
-            )
-            clock["generate_s"] = clock.get("generate_s", 0.0) + time.perf_counter() - t0
-            gate = ctx.gate
-            cut = gate is not None and out.finish_reason == "abort" and gate.paused_since(epoch)
-            if out.token_ids or not cut:  # a cut piece without tokens leaves no trace
-                traj.spans.append((len(ids), len(ids) + len(out.token_ids)))
-                traj.span_versions.append(out.policy_version)
-                traj.finish_reasons.append(out.finish_reason)
-                traj.span_temperatures.append(_temperature(ctx.sampling, hot))
-                ids += out.token_ids
-                logprobs += out.logprobs
-                mask += [1] * len(out.token_ids)
-            if cut and len(ids) - turn_start >= ctx.sampling.max_tokens:
-                traj.finish_reasons[-1] = "length"  # cut as it filled the turn: it is done
-                out = replace(out, finish_reason="length")
-            elif cut and gate is not None:
-                if not gate.partial_rollout:
-                    raise Preempted("restart", "a weight update aborted the generation")
-                if ctx.checkpoint is not None:
-                    ctx.checkpoint(traj, state, stop)
-                continue  # the rest of this turn comes from the new weights
-            elif _hot_part_ended(ctx, out, hot, made, budget):
-                traj.finish_reasons[-1] = "fire"
-                continue  # the rest of this turn at the regular temperature
+    images = _images(traj, state.messages) if chat.takes_images else []
+    records_turns = type(env).record_turn is not Environment.record_turn
+    return _Episode(state, stop, len(state.messages), images, barrier, records_turns)
+
+
+async def _generate_turn(
+    ctx: RolloutContext, traj: Trajectory, episode: _Episode, number: int
+) -> _Turn | None:
+    """Generate model turn ``number`` (in pieces when a weight update cuts it or FIRE
+    starts it hot) and add its assistant message; None when the episode ends with it."""
+    start = requests.open_turn_start(traj)
+    out = None
+    while (budget := ctx.max_len - len(traj.prompt_ids) - len(traj.completion_ids)) > 0:
+        out, goes_on = await _generate_piece(ctx, traj, episode, number, start, budget)
+        if not goes_on:
             break
-        if out is None:  # no room was left to generate
+    if out is None:  # no room was left to generate
+        traj.status = Status.TRUNCATED
+        return None
+    traj.turns += 1
+    ids = traj.completion_ids[start:]
+    # The marker the model ended its turn with (<|im_end|>, or GLM's next role marker)
+    # stays in the ids as its own token but is not part of the message's text.
+    end = ctx.chat.turn_end(ids)
+    message = {"role": "assistant", "content": ctx.chat.decode(ids[: len(ids) - len(end)])}
+    state = episode.state
+    state.messages.append(message)
+    state.turn += 1
+    episode.encoded = len(state.messages)
+    if out.finish_reason == "abort":
+        traj.status = Status.ABORTED
+        return None
+    if out.finish_reason == "length" and len(out.token_ids) >= budget:
+        traj.status = Status.TRUNCATED
+        return None
+    return _Turn(out, start, ids, end, message)
+
+
+async def _generate_piece(
+    ctx: RolloutContext, traj: Trajectory, episode: _Episode, number: int, start: int, budget: int
+) -> tuple[Completion, bool]:
+    """One request for the rest of the turn begun at ``start``; True when the turn goes
+    on in another piece (a weight update cut it, or FIRE's hot first tokens ended)."""
+    gate = ctx.gate
+    epoch = 0 if gate is None else await gate.admit(traj)
+    if episode.barrier is not None:
+        await episode.barrier.wait()
+    made = len(traj.completion_ids) - start
+    hot = requests.hot_tokens(ctx.sampling, number, made)
+    t0 = time.perf_counter()
+    out = await requests.generate(
+        ctx,
+        traj.prompt_ids + traj.completion_ids,
+        budget,
+        episode.stop,
+        requests.seed(ctx, traj, number, made),
+        made,
+        key=f"{traj.group_id}.{traj.sample_index}",
+        hot=hot,
+        images=episode.images,
+    )
+    clock = traj.timings
+    clock["generate_s"] = clock.get("generate_s", 0.0) + time.perf_counter() - t0
+    cut = gate is not None and out.finish_reason == "abort" and gate.paused_since(epoch)
+    if out.token_ids or not cut:  # a cut piece without tokens leaves no trace
+        traj.spans.append((len(traj.completion_ids), len(traj.completion_ids) + len(out.token_ids)))
+        traj.span_versions.append(out.policy_version)
+        traj.finish_reasons.append(out.finish_reason)
+        traj.span_temperatures.append(requests.temperature(ctx.sampling, hot))
+        traj.completion_ids += out.token_ids
+        traj.logprobs += out.logprobs
+        traj.loss_mask += [1] * len(out.token_ids)
+    if cut and len(traj.completion_ids) - start >= ctx.sampling.max_tokens:
+        traj.finish_reasons[-1] = "length"  # cut as it filled the turn: it is done
+        return replace(out, finish_reason="length"), False
+    if cut and gate is not None:
+        if not gate.partial_rollout:
+            raise Preempted("restart", "a weight update aborted the generation")
+        if ctx.checkpoint is not None:
+            ctx.checkpoint(traj, episode.state, episode.stop)
+        return out, True  # the rest of this turn comes from the new weights
+    if requests.hot_part_ended(ctx, out, hot, made, budget):
+        traj.finish_reasons[-1] = "fire"
+        return out, True  # the rest of this turn at the regular temperature
+    return out, False
+
+
+async def _answer(ctx: RolloutContext, traj: Trajectory, episode: _Episode, turn: _Turn) -> EnvStep:
+    """The environment's reply to the turn (``env.step``), with its reward and metrics."""
+    env, state = ctx.env, episode.state
+    if episode.barrier is not None:
+        await episode.barrier.wait()
+    if episode.records_turns:
+        context = len(traj.prompt_ids) + turn.start
+        logprobs = traj.logprobs[turn.start :]
+        env.record_turn(state, TurnRecord(turn.ids, logprobs, turn.out.finish_reason, context))
+    t0 = time.perf_counter()
+    step = await ctx.env_call(env.step, state, turn.message, what="step")
+    clock = traj.timings
+    clock["env_s"] = clock.get("env_s", 0.0) + time.perf_counter() - t0
+    traj.turn_rewards.append(step.reward)
+    _count(traj, env.name, step.info)
+    return step
+
+
+def _stop(traj: Trajectory, episode: _Episode, step: EnvStep, last: bool) -> bool:
+    """The env ended the episode, or the turn was the last allowed: a closing reply is
+    not rendered (no generation follows it), it is kept whole in the state."""
+    if not (step.done or last):
+        return False
+    episode.state.messages.extend(step.messages)
+    traj.status = Status.TERMINATED if step.done else Status.MAX_TURNS
+    return True
+
+
+def _take_reply(
+    ctx: RolloutContext,
+    traj: Trajectory,
+    episode: _Episode,
+    step: EnvStep,
+    turn_end: tuple[int, ...],
+) -> bool:
+    """Extend the sequence with the env's reply for the next turn: its glue, or a new
+    segment when the env rewrote the conversation (``fork``); False (truncated) when no
+    room would be left to generate."""
+    state = episode.state
+    if step.fork:
+        if not _fork(ctx, traj, state, step.messages, episode.encoded):
             traj.status = Status.TRUNCATED
-            break
-        traj.turns += 1
-        turn_ids = ids[turn_start:]
-        # The marker the model ended its turn with (<|im_end|>, or GLM's next role marker)
-        # stays in the ids as its own token but is not part of the message's text.
-        turn_end = chat.turn_end(turn_ids)
-        body = turn_ids[: len(turn_ids) - len(turn_end)]
-        message = {"role": "assistant", "content": chat.decode(body)}
-        state.messages.append(message)
-        state.turn += 1
-        encoded = len(state.messages)
-        if out.finish_reason == "abort":
-            traj.status = Status.ABORTED
-            break
-        if out.finish_reason == "length" and len(out.token_ids) >= budget:
-            traj.status = Status.TRUNCATED
-            break
-        if ctx.barrier is not None:
-            await ctx.barrier.wait()
-        if records_turns:
-            context = len(traj.prompt_ids) + turn_start
-            record = TurnRecord(turn_ids, logprobs[turn_start:], out.finish_reason, context)
-            env.record_turn(state, record)
-        t0 = time.perf_counter()
-        step = await ctx.env_call(env.step, state, message, what="step")
-        clock["env_s"] = clock.get("env_s", 0.0) + time.perf_counter() - t0
-        traj.turn_rewards.append(step.reward)
-        _count(traj, env.name, step.info)
-        if step.done or turn == ctx.max_turns:
-            # A closing reply is not rendered (no generation follows it): kept whole.
-            state.messages.extend(step.messages)
-            traj.status = Status.TERMINATED if step.done else Status.MAX_TURNS
-            break
-        if step.fork:
-            if not _fork(ctx, traj, state, step.messages, encoded):
-                traj.status = Status.TRUNCATED
-                break
-            ids, logprobs, mask = traj.completion_ids, traj.logprobs, traj.loss_mask
-            encoded, stop = len(state.messages), step.stop
-            if chat.takes_images:
-                images = _images(traj, state.messages)
-            if ctx.checkpoint is not None:
-                ctx.checkpoint(traj, state, stop)
-            continue
+            return False
+        if ctx.chat.takes_images:
+            episode.images = _images(traj, state.messages)
+    else:
         fitted = _fit_replies(ctx, traj, step.messages, turn_end, state.tools)
         if fitted is None:
             state.messages.extend(step.messages)  # scoring still sees what the env said
             traj.status = Status.TRUNCATED  # no glue past the budget: nothing could follow it
-            break
+            return False
         replies, glue = fitted
-        if chat.takes_images:
-            images = images + _images(traj, replies, more=True)
+        if ctx.chat.takes_images:
+            episode.images = episode.images + _images(traj, replies, more=True)
         state.messages.extend(replies)
-        ids += glue
-        logprobs += [0.0] * len(glue)
-        mask += [0] * len(glue)
-        encoded = len(state.messages)
-        stop = step.stop
-        if ctx.checkpoint is not None:
-            ctx.checkpoint(traj, state, stop)
-    # The env's closing reply stays in the state (scoring reads it) but not in the
-    # trajectory, whose messages are exactly the conversation its tokens encode.
-    traj.messages = state.messages[:encoded]
-    return state
+        traj.completion_ids += glue
+        traj.logprobs += [0.0] * len(glue)
+        traj.loss_mask += [0] * len(glue)
+    episode.encoded, episode.stop = len(state.messages), step.stop
+    if ctx.checkpoint is not None:
+        ctx.checkpoint(traj, state, episode.stop)
+    return True
 
 
 def _fork(
@@ -287,31 +373,6 @@ def _count(traj: Trajectory, env_name: str, info: dict[str, Any]) -> None:
         totals[key] = totals.get(key, 0.0) + float(value)
 
 
-def _open_turn_start(traj: Trajectory) -> int:
-    """Where the turn being generated began: a turn a weight update cut short ends in
-    spans that finished with ``abort`` (or ``fire``: its hot first tokens) and is
-    continued, not started afresh."""
-    start = len(traj.completion_ids)
-    for (begin, _end), reason in zip(
-        reversed(traj.spans), reversed(traj.finish_reasons), strict=True
-    ):
-        if reason not in CONTINUED or _end != start:
-            break
-        start = begin
-    return start
-
-
-def _seed(ctx: RolloutContext, traj: Trajectory, turn: int, made: int) -> int | None:
-    """A distinct seed per request, derived from ``sampling.seed``: the ``n`` samples of a
-    group differ, and rerunning a call reproduces every trajectory whatever the schedule.
-    A continued turn (``made`` tokens already generated) gets a seed of its own."""
-    base = ctx.sampling.seed
-    if base is None:
-        return None
-    key = (base, traj.group_id, traj.sample_index, turn)
-    return hash((*key, made) if made else key) & 0x7FFFFFFF  # ints: stable
-
-
 def _images(traj: Trajectory, messages: Sequence[dict[str, Any]], more: bool = False) -> list[Any]:
     """The images of ``messages``, loaded (a malformed one raises ``ImageError`` naming
     it), and their hashes recorded in ``traj.images`` (after the earlier ones when
@@ -322,61 +383,3 @@ def _images(traj: Trajectory, messages: Sequence[dict[str, Any]], more: bool = F
     hashes = [image_hash(image) for image in loaded]
     traj.images = traj.images + hashes if more else hashes
     return loaded
-
-
-def _hot_tokens(params: SamplingParams, turn: int, made: int) -> int:
-    """How many of this turn's next tokens FIRE samples hot (0: none, or FIRE is off)."""
-    if params.first_token_temperature is None or (params.fire_turns == "first" and turn > 1):
-        return 0
-    return max(params.first_tokens - made, 0)
-
-
-def _hot_part_ended(ctx: RolloutContext, out: Completion, hot: int, made: int, budget: int) -> bool:
-    """The piece FIRE sampled hot filled its ``hot`` tokens and the turn may go on."""
-    if not hot or out.finish_reason != "length" or len(out.token_ids) != hot:
-        return False
-    return hot < min(ctx.sampling.max_tokens - made, budget)
-
-
-def _temperature(params: SamplingParams, hot: int) -> float:
-    hot_temperature = params.first_token_temperature
-    return hot_temperature if hot and hot_temperature is not None else params.temperature
-
-
-async def _generate(
-    ctx: RolloutContext,
-    prompt: list[int],
-    budget: int,
-    stop: tuple[str, ...] | None,
-    seed: int | None,
-    made: int = 0,
-    key: str | None = None,
-    hot: int = 0,
-    images: Sequence[Any] = (),
-) -> Completion:
-    """One request; ``made`` tokens of this turn already exist (a continued turn), so the
-    turn's ``max_tokens`` and ``min_tokens`` count them; ``hot`` > 0 asks for at most that
-    many tokens at FIRE's temperature. ``key`` names the trajectory in the request id
-    (``ctx.request_id``), so an engine pool keeps its turns on one replica."""
-    params = ctx.sampling
-    fire = params.first_token_temperature is not None
-    if budget < params.max_tokens - made or stop or seed is not None or made or fire:
-        left = min(params.max_tokens - made, budget)
-        piece = min(hot, left) if hot else left
-        params = replace(
-            params,
-            max_tokens=piece,
-            min_tokens=min(max(params.min_tokens - made, 0), piece),
-            stop=params.stop + tuple(stop or ()),
-            seed=seed,
-            temperature=_temperature(params, hot),
-            first_token_temperature=None,  # engines see a plain request
-        )
-    request_id = ctx.request_id(key)
-    ctx.in_flight.add(request_id)
-    try:
-        if images:  # only then: engines without vision take no such argument
-            return await ctx.engine.generate(prompt, params, request_id=request_id, images=images)
-        return await ctx.engine.generate(prompt, params, request_id=request_id)
-    finally:
-        ctx.in_flight.discard(request_id)

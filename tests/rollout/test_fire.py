@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 
 import loomrl
-from loomrl.rollout.turn_loop import _open_turn_start
+from loomrl.rollout.requests import open_turn_start
 from loomrl.types import SamplingParams, Status, Trajectory
 
 REPLY = "Seven apples and three pears make ten pieces of fruit."
@@ -94,7 +94,7 @@ def test_a_weight_update_cut_after_the_hot_tokens_continues_the_same_turn():
     traj = Trajectory(0, 0, 0, "e", completion_ids=[1] * 9)
     traj.spans = [(0, 4), (4, 6), (6, 9)]  # a turn, then FIRE's hot piece, then a cut piece
     traj.finish_reasons = ["stop", "fire", "abort"]
-    assert _open_turn_start(traj) == 4
+    assert open_turn_start(traj) == 4
 
 
 @pytest.mark.parametrize(
