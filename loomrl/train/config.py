@@ -34,6 +34,7 @@ from loomrl.config import (
 from loomrl.data import DataConfig
 from loomrl.distributed.config import RayConfig
 from loomrl.engines.replicas import check_replicas
+from loomrl.experience.shaping_config import ShapingConfig, clip_range
 from loomrl.models import DEFAULT_MODEL
 from loomrl.rollout.turn_rewards import TurnReward
 from loomrl.train.critic import CriticConfig, check_critic
@@ -287,12 +288,7 @@ class TrainConfig(BaseModel):
     @model_validator(mode="after")
     def _knobs_fit(self) -> TrainConfig:
         """The shaping, KL and sync knobs' cross-field rules (each names its fields)."""
-        if isinstance(self.reward_clip, (int, float)):
-            if self.reward_clip <= 0:
-                raise ValueError(f"reward_clip = {self.reward_clip}: a bound must be > 0")
-            self.reward_clip = (-float(self.reward_clip), float(self.reward_clip))
-        if self.reward_clip is not None and not self.reward_clip[0] < self.reward_clip[1]:
-            raise ValueError(f"reward_clip = {list(self.reward_clip)}: need low < high")
+        self.reward_clip = clip_range(self.reward_clip)
         if self.overlong_buffer > self.overlong_limit():
             raise ValueError(
                 f"overlong_buffer = {self.overlong_buffer} exceeds the overlong limit "
@@ -406,6 +402,12 @@ class TrainConfig(BaseModel):
             mini_batch_size=self.mini_batch_size, old_logprobs=self.old_logprobs,
             kl_estimator=self.kl_estimator, entropy_coef=self.entropy_coef,
         )  # fmt: skip
+
+    def shaping(self) -> ShapingConfig:
+        """The shaping section: the fields of the same names, the overlong limit resolved."""
+        fields = {name: getattr(self, name) for name in ShapingConfig.model_fields}
+        limit = self.overlong_limit() if self.overlong_buffer else None
+        return ShapingConfig(**{**fields, "overlong_max_tokens": limit})
 
     def critic_config(self) -> CriticConfig:
         """The critic's optimiser: its own LR, the policy's PPO schedule and clip norm."""

@@ -158,7 +158,7 @@ async def _train(
     if learner_state is not None:
         learner.load_state_dict(learner_state)
     tokenizer = tokenizer_of(preprocessor)
-    shaper = Shaper(config, learner, images)
+    shaper = Shaper(config.shaping(), learner)
     if learner_state is not None:
         shaper.load_state_dict(learner_state.get("shaping", {}), start)
     critic = None
