@@ -37,7 +37,9 @@ def learner_batches(monkeypatch):
 
 
 async def test_experience_on_a_train_steps_file_gives_the_advantages_it_trained_on(
-    tmp_path, engines, learner_batches, capsys
+    tmp_path,
+    engines,  # noqa: F811
+    learner_batches,
 ):
     run = tmp_path / "run"
     rows = await train(config(**SHAPED), run, make_engine=engines)
