@@ -112,10 +112,9 @@ def _train_shaping(path: Path) -> ShapingConfig:
 
 
 def cmd_experience(args: argparse.Namespace) -> int:
-    from loomrl.experience.files import check_shaping, run_experience
+    from loomrl.experience.files import run_experience
 
     shaping = shaping_of(args)
-    check_shaping(shaping)
     name = shaping.estimator
     with console.status(escape(f"computing {name} advantages for {args.run_dir}")):
         path, stats = run_experience(args.run_dir, shaping, out=args.out)

@@ -167,7 +167,13 @@ def check_shaping(shaping: ShapingConfig) -> None:
         raise ValueError(
             "kl_in = 'reward' scores each trajectory under the policy and the reference "
             "model, which `loomrl experience` does not load: it is applied by `loomrl train` "
-            "only (set kl_in = 'loss' or kl_coef = 0 here)"
+            "only (give a config without kl_in = 'reward')"
+        )
+    if "values" in estimators.required_inputs(shaping.estimator):
+        raise ValueError(
+            f"estimator {shaping.estimator!r} needs ['values'] from a critic, which "
+            "`loomrl experience` does not train (only `loomrl train` does): pick an "
+            "estimator that needs only rewards"
         )
     check_estimator(shaping.estimator, shaping.estimator_options)
 

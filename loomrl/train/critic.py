@@ -8,9 +8,9 @@ the token was sampled from), so values line up with logprobs entry for entry (ve
 
 Each step: ``values`` scores the step's one batch before any update (the values feed GAE,
 through ``loomrl.experience.pipeline``, and are the ``V^old`` of the value clip), the
-policy trains, then
-``Critic.step`` takes ``ppo_epochs`` × mini-batches AdamW steps of the clipped value loss
-(``loomrl.train.losses.value``) towards GAE's returns, masked to the trained tokens.
+policy trains on that batch, then ``Critic.step`` takes ``ppo_epochs`` × mini-batches
+AdamW steps of the clipped value loss (``loomrl.train.losses.value``) towards GAE's
+returns, masked to the trained tokens.
 Environment tokens of a multi-turn trajectory get no value loss; GAE bootstraps across
 them from the next model token's value (``loomrl.algos.returns.gae``).
 """
