@@ -103,7 +103,6 @@ def build_experience(
     beta = cfg.kl_coef if kl_coef is None else kl_coef
     if batching is None and (models.logprobs or models.values):
         raise ValueError("model passes score the step's batch: give build_experience a batching")
-    usable = [t for t in trajectories if t.status not in UNUSABLE]
     options = dict(cfg.estimator_options)
     stats: dict[str, Any] = {
         "estimator": cfg.estimator, "options": options, "trajectories_in": len(trajectories),
@@ -112,19 +111,12 @@ def build_experience(
         "zero_variance_groups_dropped": 0,
     }  # fmt: skip
     metrics: dict[str, Any] = {"kl_coef": beta}
-    empty = Experience([], torch.zeros((0, 0)), torch.zeros((0, 0)), cfg.estimator, stats, metrics)
-    if not usable:
-        return empty
-    rewards = shape_rewards(cfg, usable, norm, metrics)  # [B] float64
-    if cfg.drop_zero_variance:
-        group_ids = torch.tensor([t.group_id for t in usable])
-        keep, dropped = filter_zero_variance_groups(rewards, group_ids)
-        usable = [t for t, k in zip(usable, keep.tolist(), strict=True) if k]
-        rewards = rewards[keep]
-        stats["zero_variance_groups_dropped"] = int(dropped)
+    usable, rewards = select(trajectories, cfg, norm, stats, metrics)
     stats["trajectories_used"] = n = len(usable)
     if not usable:
-        return empty
+        return Experience(
+            [], torch.zeros((0, 0)), torch.zeros((0, 0)), cfg.estimator, stats, metrics
+        )
     owners = [i for i, t in enumerate(usable) for _ in t.segments]
     rows = usable + [s for t in usable for s in t.segments]  # earlier segments after them
     batch = None if batching is None else _batch(rows, batching)
@@ -154,14 +146,7 @@ def build_experience(
     if owners:
         check_outcome_inputs(cfg.estimator, set(extra))
         stats["segments"] = len(owners)
-    adv = torch.zeros(mask_all.shape, dtype=out.advantages.dtype)
-    ret = torch.zeros(mask_all.shape, dtype=out.returns.dtype)
-    adv[:n, :width], ret[:n, :width] = out.advantages, out.returns
-    for j, owner in enumerate(owners):
-        a, r = episode_value(usable[owner], adv[owner], ret[owner], mask_all[owner], cfg.estimator)
-        on = mask_all[n + j] > 0
-        adv[n + j] = torch.where(on, torch.tensor(a, dtype=adv.dtype), 0.0)
-        ret[n + j] = torch.where(on, torch.tensor(r, dtype=ret.dtype), 0.0)
+    adv, ret = with_segments(out.advantages, out.returns, usable, owners, mask_all, cfg.estimator)
     adv = shape_advantages(cfg, adv, mask_all, metrics)
     shaped = [replace(t, reward=float(x)) for t, x in zip(usable, rewards.tolist(), strict=True)]
     shaped += [
@@ -202,6 +187,44 @@ def make_experience(
 def left_out(trajectories: Sequence[Trajectory]) -> dict[str, int]:
     """How many trajectories each unusable status left out."""
     return dict(Counter(str(t.status) for t in trajectories if t.status in UNUSABLE))
+
+
+def select(
+    trajectories: Sequence[Trajectory], cfg: ShapingConfig, norm: RunningNorm | None,
+    stats: dict[str, Any], metrics: dict[str, Any],
+) -> tuple[list[Trajectory], Tensor]:  # fmt: skip
+    """The one filter: the usable trajectories, and stages 1-4 on their rewards (the
+    zero-variance filter drops groups on the rewards so far); ``[B]`` float64 rewards."""
+    usable = [t for t in trajectories if t.status not in UNUSABLE]
+    if not usable:
+        return [], torch.zeros(0, dtype=torch.float64)
+    rewards = shape_rewards(cfg, usable, norm, metrics)
+    if cfg.drop_zero_variance:
+        group_ids = torch.tensor([t.group_id for t in usable])
+        keep, dropped = filter_zero_variance_groups(rewards, group_ids)
+        usable = [t for t, k in zip(usable, keep.tolist(), strict=True) if k]
+        rewards = rewards[keep]
+        stats["zero_variance_groups_dropped"] = int(dropped)
+    return usable, rewards
+
+
+def with_segments(
+    advantages: Tensor, returns: Tensor, usable: list[Trajectory], owners: list[int],
+    mask: Tensor, estimator: str,
+) -> tuple[Tensor, Tensor]:  # fmt: skip
+    """The estimator's ``[n, T_n]`` advantages and returns on the ``[B, T]`` grid of every
+    row (``mask``), each earlier segment (row ``n + j``, of episode ``owners[j]``) with its
+    episode's one advantage and return on its model tokens."""
+    n, width = advantages.shape
+    adv = torch.zeros(mask.shape, dtype=advantages.dtype)
+    ret = torch.zeros(mask.shape, dtype=returns.dtype)
+    adv[:n, :width], ret[:n, :width] = advantages, returns
+    for j, owner in enumerate(owners):
+        a, r = episode_value(usable[owner], adv[owner], ret[owner], mask[owner], estimator)
+        on = mask[n + j] > 0
+        adv[n + j] = torch.where(on, torch.tensor(a, dtype=adv.dtype), 0.0)
+        ret[n + j] = torch.where(on, torch.tensor(r, dtype=ret.dtype), 0.0)
+    return adv, ret
 
 
 def _batch(rows: list[Trajectory], batching: Batching) -> Batch:
