@@ -1,5 +1,6 @@
-"""Experience: trajectories -> advantages -> padded or packed training batches, and
-per-token logprob recompute under an HF causal LM (actor or reference)."""
+"""Experience: trajectories -> shaped rewards and advantages -> one padded or packed
+training batch (``build_experience``), and per-token logprob recompute under an HF causal
+LM (actor or reference)."""
 
 from loomrl.experience.batch import Batch, pack, pad
 from loomrl.experience.logprobs import (
@@ -9,12 +10,18 @@ from loomrl.experience.logprobs import (
     forward_scores,
     micro_batches,
 )
-from loomrl.experience.maker import Experience, make_experience
+from loomrl.experience.maker import Experience
+from loomrl.experience.pipeline import Batching, ModelPasses, build_experience, make_experience
+from loomrl.experience.shaping_config import ShapingConfig
 
 __all__ = [
     "Batch",
+    "Batching",
     "Experience",
     "MicroBatch",
+    "ModelPasses",
+    "ShapingConfig",
+    "build_experience",
     "compute_logprobs",
     "forward_logprobs",
     "forward_scores",

@@ -100,6 +100,42 @@ class Batch:
             )
         return [values[row, start:end] for row, start, end in self.completion_slices()]
 
+    def _completion_index(self) -> tuple[Tensor, Tensor]:
+        """``[B, T]`` flat positions of each sample's completion tokens in the token
+        tensors (T the longest completion) and where they are real (``t < c_i``)."""
+        c = self.completion_lengths
+        width = int(c.max()) if self.num_samples else 0
+        t = torch.arange(width, dtype=torch.long)
+        if self.layout == "padded":
+            length = self.input_ids.shape[1]
+            rows = torch.arange(self.num_samples, dtype=torch.long)
+            starts = rows * length + self.prompt_width
+        else:
+            assert self.cu_seqlens is not None
+            starts = self.cu_seqlens[:-1].long() + self.prompt_lengths
+        return starts[:, None] + t[None, :], t[None, :] < c[:, None]
+
+    def grid(self, values: Tensor) -> Tensor:
+        """A token-aligned tensor (shaped like ``input_ids``) as ``[B, T]`` over completion
+        tokens, right-padded with 0: what the estimators read."""
+        if values.shape != self.input_ids.shape:
+            raise ValueError(
+                f"values {tuple(values.shape)} are not aligned with input_ids "
+                f"{tuple(self.input_ids.shape)}"
+            )
+        index, real = self._completion_index()
+        flat = values.reshape(-1)
+        picked = flat[index.clamp(max=max(flat.numel() - 1, 0))] if flat.numel() else flat
+        return torch.where(real, picked, torch.zeros((), dtype=values.dtype))
+
+    def tokens(self, grid: Tensor, dtype: torch.dtype = torch.float32) -> Tensor:
+        """The inverse of ``grid``: ``[B, T]`` completion values placed on their tokens,
+        ``dtype``, 0 on prompt and padding (columns past a row's completion are ignored)."""
+        index, real = self._completion_index()
+        out = torch.zeros(self.input_ids.numel(), dtype=dtype)
+        out[index[real]] = grid[:, : index.shape[1]][real].to(dtype)
+        return out.reshape(self.input_ids.shape)
+
 
 def pad(
     trajectories: Sequence[Trajectory],

@@ -1,5 +1,6 @@
-"""``experience.parquet``: a run's trajectories with advantages, as ``loomrl experience``
-writes them (schema in docs/parquet.md; columns are only ever added at the end).
+"""``experience.parquet``: a run's trajectories with shaped rewards and advantages, as
+``loomrl experience`` writes them (schema in docs/parquet.md; columns are only ever added
+at the end), through the pipeline ``loomrl train`` uses (``build_experience``).
 
 Everything a request can get wrong is found before anything is written: the estimator
 and its options (``check_estimator``, a dry run on two made-up samples), the source
@@ -21,7 +22,9 @@ import torch
 
 from loomrl.algos import advantages as estimators
 from loomrl.envs.registry import hint_name, type_problem
-from loomrl.experience.maker import UNUSABLE, Experience, make_experience
+from loomrl.experience.maker import UNUSABLE, Experience
+from loomrl.experience.pipeline import build_experience, make_experience
+from loomrl.experience.shaping_config import ShapingConfig
 from loomrl.redact import redact_text, redact_value
 from loomrl.runs import TRAJECTORY_SCHEMA, images_path, load_trajectories, trajectory_table
 from loomrl.types import Trajectory
@@ -141,52 +144,78 @@ def check_trajectory_file(path: Path) -> None:
                 )
 
 
-def run_experience(
-    run_dir: Path,
-    estimator: str,
-    options: Mapping[str, Any] | None = None,
-    *,
-    drop_zero_variance: bool = False,
-    out: Path | None = None,
-) -> tuple[Path, dict[str, Any]]:
-    """Read ``run_dir/trajectories.parquet``; write ``experience.parquet`` and
-    ``experience_stats.json`` (to ``out``, default ``run_dir``); return the file and stats.
+def trajectory_source(source: Path) -> Path:
+    """The trajectories file ``source`` names: a Parquet file, or a `loomrl rollout` run
+    directory's ``trajectories.parquet``; ``FileNotFoundError`` saying what to pass."""
+    if source.is_file():
+        return source
+    found = source / "trajectories.parquet"
+    if not found.is_file() and (source / "trajectories").is_dir():
+        raise FileNotFoundError(
+            f"{found} not found: {source} is a `loomrl train` run, which keeps each step's "
+            "trajectories in trajectories/step-NNNNNN.parquet: pass one of those files "
+            "(with --out DIR)"
+        )
+    if not found.is_file():
+        raise FileNotFoundError(f"{found} not found: is {source} a loomrl run directory?")
+    return found
 
-    A run with no trajectory to compute advantages for (all failed, or every group
+
+def check_shaping(shaping: ShapingConfig) -> None:
+    """Refuse what only a trainer can apply, then check the estimator (``check_estimator``)."""
+    if shaping.kl_in_reward:
+        raise ValueError(
+            "kl_in = 'reward' scores each trajectory under the policy and the reference "
+            "model, which `loomrl experience` does not load: it is applied by `loomrl train` "
+            "only (give a config without kl_in = 'reward')"
+        )
+    if "values" in estimators.required_inputs(shaping.estimator):
+        raise ValueError(
+            f"estimator {shaping.estimator!r} needs ['values'] from a critic, which "
+            "`loomrl experience` does not train (only `loomrl train` does): pick an "
+            "estimator that needs only rewards"
+        )
+    check_estimator(shaping.estimator, shaping.estimator_options)
+
+
+def run_experience(
+    source: Path, shaping: ShapingConfig, *, out: Path | None = None
+) -> tuple[Path, dict[str, Any]]:
+    """Read the trajectories ``source`` names (``trajectory_source``), shape them as
+    ``loomrl train`` does (``build_experience`` with ``shaping``; a running reward
+    normalisation starts from this file's rewards); write ``experience.parquet`` and
+    ``experience_stats.json`` (to ``out``, default the run directory; a file needs one)
+    and return the file and the stats.
+
+    A source with no trajectory to compute advantages for (all failed, or every group
     dropped by ``drop_zero_variance``) raises ``ValueError`` saying why; nothing is
     written then."""
-    check_estimator(estimator, options)
-    source = run_dir / "trajectories.parquet"
-    if not source.is_file() and (run_dir / "trajectories").is_dir():
-        raise FileNotFoundError(
-            f"{source} not found: {run_dir} is a `loomrl train` run, which keeps each step's "
-            "trajectories in trajectories/step-NNNNNN.parquet (its advantages are in training)"
-        )
-    if not source.is_file():
-        raise FileNotFoundError(f"{source} not found: is {run_dir} a loomrl run directory?")
-    check_trajectory_file(source)
-    exp = make_experience(
-        load_trajectories(source), estimator, options=options,
-        drop_zero_variance=drop_zero_variance,
-    )  # fmt: skip
+    check_shaping(shaping)
+    path = trajectory_source(source)
+    if out is None and path == source:
+        raise ValueError(f"{source} is a trajectories file: say where to write (--out DIR)")
+    check_trajectory_file(path)
+    exp = build_experience(load_trajectories(path), shaping)
     if not exp.trajectories:
-        raise ValueError(f"{source}: {_nothing_usable(exp.stats)}")
+        raise ValueError(f"{path}: {_nothing_usable(exp.stats)}")
     bad = [i for i, row in enumerate(exp.advantages) if not all(map(math.isfinite, row))]
     if bad:
-        raise ValueError(f"estimator {estimator!r} gave non-finite advantages in rows {bad[:5]}")
-    target = out or run_dir
+        raise ValueError(
+            f"estimator {shaping.estimator!r} gave non-finite advantages in rows {bad[:5]}"
+        )
+    target = out or source
     target.mkdir(parents=True, exist_ok=True)
-    path = target / "experience.parquet"
-    tmp = path.with_suffix(".parquet.tmp")
+    written = target / "experience.parquet"
+    tmp = written.with_suffix(".parquet.tmp")
     pq.write_table(experience_table(exp), tmp)
-    tmp.replace(path)
-    images = images_path(source)
+    tmp.replace(written)
+    images = images_path(path)
     if images.is_file():  # what the hashes refer to, as the experience file's side table
-        images_path(path).parent.mkdir(exist_ok=True)
-        shutil.copyfile(images, images_path(path))
-    stats = {"source": str(source), **exp.stats}
+        images_path(written).parent.mkdir(exist_ok=True)
+        shutil.copyfile(images, images_path(written))
+    stats = {"source": str(path), **exp.stats, "shaping": exp.metrics}
     (target / "experience_stats.json").write_text(json.dumps(stats, indent=2) + "\n")
-    return path, stats
+    return written, stats
 
 
 def _nothing_usable(stats: Mapping[str, Any]) -> str:

@@ -1,175 +1,113 @@
-"""Trajectories -> advantages: the step between rollouts and training batches.
+"""Trajectories -> advantages: the record a step's experience is (``Experience``) and
+the estimator stage of ``loomrl.experience.pipeline``.
 
-``make_experience`` picks the trajectories a learner may use, runs one registered
-advantage estimator over them (``loomrl.algos.advantages.compute``, never a name
-switch), and keeps per-token advantages and returns next to the trajectories, ready to
-become a padded or packed ``Batch``.
-
-Which trajectories are used: ``error``, ``env_timeout`` and ``aborted`` trajectories
-have no trustworthy reward (an aborted one is continued, not trained on); they are left
-out and counted, never scored as 0. With ``drop_zero_variance``, groups whose rewards are
-all equal (no learning signal under group baselines) are dropped and counted.
+The estimator is one registered function (``loomrl.algos.advantages.compute``, never a
+name switch) run on ``[B, T]`` tensors over completion tokens. Which trajectories are
+used: ``error``, ``env_timeout`` and ``aborted`` trajectories have no trustworthy reward
+(an aborted one is continued, not trained on); they are left out and counted, never
+scored as 0.
 """
 
 from __future__ import annotations
 
-from collections import defaultdict
-from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field, replace
+from collections.abc import Mapping
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
 from torch import Tensor
 
 from loomrl.algos import advantages as estimators
-from loomrl.algos.shaping import filter_zero_variance_groups
 from loomrl.experience.batch import Batch, pack, pad
 from loomrl.types import Status, Trajectory
 from loomrl.vision.pixels import PixelEncoder
 
 UNUSABLE = frozenset({Status.ERROR, Status.ENV_TIMEOUT, Status.ABORTED})
 
+#: Inputs that make an estimator's advantages token-level: a critic's values, per-token
+#: KL or token rewards exist for the last segment's tokens only.
+TOKEN_LEVEL_INPUTS = frozenset({"values", "kl", "token_rewards"})
+
 
 @dataclass
 class Experience:
-    """Trajectories with per-token ``advantages`` and ``returns`` (one list per trajectory,
-    one value per completion token, 0 off the loss mask) and the counts of what was left
-    out (``stats``)."""
+    """A step's rows (trajectories with their shaped rewards; forked episodes' earlier
+    segments after them) with ``[B, T]`` advantages and returns over completion tokens
+    (0 off the loss mask), what was left out (``stats``) and the shaping metrics.
+
+    ``batch`` is the step's one training batch when the pipeline was asked for one (its
+    advantages, returns and rewards filled in); ``values`` the critic's values on it
+    (token-aligned, before any update), when a critic gave them."""
 
     trajectories: list[Trajectory]
-    advantages: list[list[float]]
-    returns: list[list[float]]
+    advantage_grid: Tensor  # [B, T]
+    return_grid: Tensor  # [B, T]
     estimator: str
     stats: dict[str, Any] = field(default_factory=dict)
+    metrics: dict[str, Any] = field(default_factory=dict)
+    batch: Batch | None = None
+    values: Tensor | None = None
+
+    @property
+    def advantages(self) -> list[list[float]]:
+        """Each row's advantages, one per completion token (for files and inspection)."""
+        return _rows(self.advantage_grid, self.trajectories)
+
+    @property
+    def returns(self) -> list[list[float]]:
+        return _rows(self.return_grid, self.trajectories)
 
     def padded(self, pad_token_id: int = 0, images: PixelEncoder | None = None) -> Batch:
         """A padded batch; ``images`` encodes the trajectories' images (vision models)."""
         return pad(
-            self.trajectories, self.advantages, self.returns, pad_token_id=pad_token_id,
+            self.trajectories, self.advantage_grid, self.return_grid, pad_token_id=pad_token_id,
             pixels=None if images is None else images.encode(self.trajectories),
         )  # fmt: skip
 
     def packed(self, images: PixelEncoder | None = None) -> Batch:
         """A packed batch; ``images`` as in ``padded``."""
         return pack(
-            self.trajectories, self.advantages, self.returns,
+            self.trajectories, self.advantage_grid, self.return_grid,
             pixels=None if images is None else images.encode(self.trajectories),
         )  # fmt: skip
 
 
-def make_experience(
-    trajectories: Sequence[Trajectory],
-    estimator: str = "grpo",
-    *,
-    options: Mapping[str, Any] | None = None,
-    drop_zero_variance: bool = False,
-    inputs: Mapping[str, Tensor] | None = None,
-) -> Experience:
-    """Advantages of ``trajectories`` by ``estimator`` (``options`` are its keyword
-    options, e.g. ``{"scale": "none"}``; ``inputs`` adds tensors the run cannot supply,
-    such as ``values [B, T]`` for ``gae`` or ``kl [B, T]``, over the kept trajectories).
-
-    Raises ``ValueError`` naming the estimator's missing inputs, e.g. ``gae`` without values.
-    """
-    options = dict(options or {})
-    kept = [t for t in trajectories if t.status not in UNUSABLE]
-    left_out: dict[str, int] = defaultdict(int)
-    for t in trajectories:
-        if t.status in UNUSABLE:
-            left_out[str(t.status)] += 1
-    dropped_groups = 0
-    if drop_zero_variance and kept:
-        keep, dropped_groups = filter_zero_variance_groups(
-            _rewards(kept), torch.tensor([t.group_id for t in kept])
-        )
-        kept = [t for t, k in zip(kept, keep.tolist(), strict=True) if k]
-    stats: dict[str, Any] = {
-        "estimator": estimator,
-        "options": options,
-        "trajectories_in": len(trajectories),
-        "trajectories_used": len(kept),
-        "left_out_by_status": dict(left_out),
-        "zero_variance_groups_dropped": int(dropped_groups),
-    }
-    if not kept:
-        return Experience([], [], [], estimator, stats)
-    out = estimators.compute(estimator, **_inputs(estimator, kept, options, inputs))
-    advantages, returns = _rows(out.advantages, kept), _rows(out.returns, kept)
-    stats.update(_summary(out.advantages, _mask(kept)))
-    if any(t.segments for t in kept):
-        _check_outcome_inputs(estimator, inputs)
-        kept, advantages, returns = _with_segments(kept, advantages, returns, estimator)
-        stats["segments"] = len(kept) - stats["trajectories_used"]
-    return Experience(kept, advantages, returns, estimator, stats)
+def _rows(grid: Tensor, trajs: list[Trajectory]) -> list[list[float]]:
+    return [grid[i, : len(t.completion_ids)].tolist() for i, t in enumerate(trajs)]
 
 
-#: Inputs that make an estimator's advantages token-level: a critic's values, per-token
-#: KL or token rewards exist for the last segment's tokens only.
-TOKEN_LEVEL_INPUTS = frozenset({"values", "kl", "token_rewards"})
+def token_level(estimator: str, inputs: set[str]) -> list[str]:
+    """The token-level inputs among ``inputs`` and what ``estimator`` requires."""
+    return sorted(TOKEN_LEVEL_INPUTS & {*estimators.required_inputs(estimator), *inputs})
 
 
-def _check_outcome_inputs(estimator: str, inputs: Mapping[str, Tensor] | None) -> None:
+def check_outcome_inputs(estimator: str, inputs: set[str]) -> None:
     """Refuse forked episodes under a token-level estimator, whatever the data: its
     advantages of earlier segments' tokens were never computed."""
-    token_level = TOKEN_LEVEL_INPUTS & {*estimators.required_inputs(estimator), *(inputs or {})}
-    if token_level:
+    found = token_level(estimator, inputs)
+    if found:
         raise ValueError(
-            f"estimator {estimator!r} with {sorted(token_level)} gives token-level "
+            f"estimator {estimator!r} with {found} gives token-level "
             "advantages, but forked episodes (agent harnesses that rewrote their history) "
             "need one advantage per episode for their earlier segments: use an outcome "
             "estimator (grpo, rloo, ...) with forked episodes"
         )
 
 
-def _with_segments(
-    trajs: list[Trajectory],
-    advantages: list[list[float]],
-    returns: list[list[float]],
+def estimate(
     estimator: str,
-) -> tuple[list[Trajectory], list[list[float]], list[list[float]]]:
-    """Forked episodes' earlier segments as rows of their own (after their episode's last
-    segment), each with the episode's reward, advantage and return on its model tokens.
-    That value is read off the last segment, so it must be one value per episode (an
-    outcome estimator): token-level advantages have no meaning on another sequence."""
-    rows, adv_rows, ret_rows = list(trajs), list(advantages), list(returns)
-    for traj, adv, ret in zip(trajs, advantages, returns, strict=True):
-        if not traj.segments:
-            continue
-        on = [j for j, bit in enumerate(traj.loss_mask) if bit]
-        values = {(adv[j], ret[j]) for j in on}
-        if len(values) > 1:
-            raise ValueError(
-                f"estimator {estimator!r} gives token-level advantages, but example "
-                f"{traj.example_id} (sample {traj.sample_index}) is a forked episode whose "
-                "earlier segments need the episode's one advantage: use an outcome "
-                "estimator (grpo, rloo, ...) with forked episodes"
-            )
-        value, ret_value = values.pop() if values else (0.0, 0.0)
-        for segment in traj.segments:
-            rows.append(replace(segment, reward=traj.reward, segments=[]))
-            adv_rows.append([value if bit else 0.0 for bit in segment.loss_mask])
-            ret_rows.append([ret_value if bit else 0.0 for bit in segment.loss_mask])
-    return rows, adv_rows, ret_rows
-
-
-def _inputs(
-    estimator: str,
-    kept: list[Trajectory],
-    options: dict[str, Any],
+    available: dict[str, Any],
+    options: Mapping[str, Any],
     extra: Mapping[str, Tensor] | None,
-) -> dict[str, Any]:
-    """The keyword inputs ``estimator`` accepts, from the trajectories, ``extra`` and
-    ``options``; the required ones it cannot get are named in the error."""
-    available: dict[str, Any] = {
-        "rewards": _rewards(kept),
-        "group_ids": torch.tensor([t.group_id for t in kept], dtype=torch.long),
-        "mask": _mask(kept),
-    }
-    available.update(extra or {})
+) -> estimators.AdvantageOutput:
+    """Run ``estimator`` on the inputs it accepts (``available``: rewards, group_ids, mask
+    and ``extra`` tensors) and its ``options``; the required ones missing, or an option it
+    does not take, are named in the error."""
+    available = {**available, **(extra or {})}
     accepted = estimators.accepted_inputs(estimator)
     unknown = sorted(set(options) - set(accepted))
     if unknown:
-        takes = [k for k in accepted if k not in available and k not in (extra or {})]
+        takes = [k for k in accepted if k not in available]
         raise ValueError(f"estimator {estimator!r} has no option(s) {unknown}; options: {takes}")
     chosen = {k: v for k, v in available.items() if k in accepted}
     chosen.update(options)
@@ -180,27 +118,32 @@ def _inputs(
             f"provide: pass them to make_experience(inputs=...) as [B, T] tensors over "
             f"completion tokens, or pick an estimator that needs only rewards"
         )
-    return chosen
+    return estimators.compute(estimator, **chosen)
 
 
-def _rewards(trajs: Sequence[Trajectory]) -> Tensor:
-    return torch.tensor([float(t.reward) for t in trajs], dtype=torch.float64)
+def episode_value(
+    traj: Trajectory, adv: Tensor, ret: Tensor, mask: Tensor, estimator: str
+) -> tuple[float, float]:
+    """A forked episode's one advantage and return, read off its last segment's model
+    tokens (``adv``, ``ret``, ``mask``: that row); ``ValueError`` when they differ
+    (token-level advantages have no meaning on another sequence)."""
+    on = mask > 0
+    if not bool(on.any()):
+        return 0.0, 0.0
+    a, r = adv[on], ret[on]
+    if bool((a != a[0]).any() or (r != r[0]).any()):
+        raise ValueError(
+            f"estimator {estimator!r} gives token-level advantages, but example "
+            f"{traj.example_id} (sample {traj.sample_index}) is a forked episode whose "
+            "earlier segments need the episode's one advantage: use an outcome "
+            "estimator (grpo, rloo, ...) with forked episodes"
+        )
+    return float(a[0]), float(r[0])
 
 
-def _mask(trajs: Sequence[Trajectory]) -> Tensor:
-    """Completion loss masks, right-padded with 0: ``[B, T]``, T the longest completion."""
-    width = max(len(t.completion_ids) for t in trajs)
-    mask = torch.zeros((len(trajs), width), dtype=torch.float32)
-    for i, t in enumerate(trajs):
-        mask[i, : len(t.loss_mask)] = torch.tensor(t.loss_mask, dtype=torch.float32)
-    return mask
-
-
-def _rows(values: Tensor, trajs: Sequence[Trajectory]) -> list[list[float]]:
-    return [values[i, : len(t.completion_ids)].tolist() for i, t in enumerate(trajs)]
-
-
-def _summary(advantages: Tensor, mask: Tensor) -> dict[str, float]:
+def summary(advantages: Tensor, mask: Tensor) -> dict[str, float]:
+    """The estimator's advantages over the trained tokens: mean, std, largest magnitude,
+    and how many tokens there are."""
     on = advantages[mask.bool()].double()
     if on.numel() == 0:
         return {
@@ -213,3 +156,13 @@ def _summary(advantages: Tensor, mask: Tensor) -> dict[str, float]:
         "advantage_abs_max": float(on.abs().max()),
         "trained_tokens": int(on.numel()),
     }
+
+
+def completion_mask(trajs: list[Trajectory]) -> Tensor:
+    """Completion loss masks, right-padded with 0: ``[B, T]`` float32, T the longest
+    completion (the grid when no batch is built)."""
+    width = max((len(t.completion_ids) for t in trajs), default=0)
+    mask = torch.zeros((len(trajs), width), dtype=torch.float32)
+    for i, t in enumerate(trajs):
+        mask[i, : len(t.loss_mask)] = torch.tensor(t.loss_mask, dtype=torch.float32)
+    return mask

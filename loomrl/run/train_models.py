@@ -69,7 +69,7 @@ def load_models(plan: TrainPlan) -> TrainModels:
     learner = Learner(model, config.learner(), _reference(plan, model, dtype))
     if learner_state is not None:
         learner.load_state_dict(learner_state)
-    shaper = Shaper(config, learner, images)
+    shaper = Shaper(config.shaping(), learner)
     if learner_state is not None:
         shaper.load_state_dict(learner_state.get("shaping", {}), plan.start)
     critic = None

@@ -24,6 +24,7 @@ from loomrl.config import (
 from loomrl.data import DataConfig
 from loomrl.distributed.config import RayConfig
 from loomrl.engines.replicas import check_replicas
+from loomrl.experience.shaping_config import ShapingConfig
 from loomrl.models import DEFAULT_MODEL
 from loomrl.rewards.config import RewardConfig
 from loomrl.rollout.turn_rewards import TurnReward
@@ -325,6 +326,12 @@ class TrainConfig(BaseModel):
             mini_batch_size=self.mini_batch_size, old_logprobs=self.old_logprobs,
             kl_estimator=self.kl_estimator, entropy_coef=self.entropy_coef,
         )  # fmt: skip
+
+    def shaping(self) -> ShapingConfig:
+        """The shaping section: the fields of the same names, the overlong limit resolved."""
+        fields = {name: getattr(self, name) for name in ShapingConfig.model_fields}
+        limit = self.overlong_limit() if self.overlong_buffer else None
+        return ShapingConfig(**{**fields, "overlong_max_tokens": limit})
 
     def critic_config(self) -> CriticConfig:
         """The critic's optimiser: its own LR, the policy's PPO schedule and clip norm."""

@@ -7,6 +7,7 @@ from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
 from loomrl.config import MAX_EXAMPLES
+from loomrl.experience.shaping_config import clip_range
 
 if TYPE_CHECKING:
     from loomrl.train.config import TrainConfig
@@ -22,12 +23,7 @@ def check_knobs(config: TrainConfig) -> None:
             f"loss = 'cpgd' clips ln ρ at ln(1 - clip_low): clip_low must be < 1, "
             f"got {config.clip_low}"
         )
-    if isinstance(config.reward_clip, (int, float)):
-        if config.reward_clip <= 0:
-            raise ValueError(f"reward_clip = {config.reward_clip}: a bound must be > 0")
-        config.reward_clip = (-float(config.reward_clip), float(config.reward_clip))
-    if config.reward_clip is not None and not config.reward_clip[0] < config.reward_clip[1]:
-        raise ValueError(f"reward_clip = {list(config.reward_clip)}: need low < high")
+    config.reward_clip = clip_range(config.reward_clip)
     if config.overlong_buffer > config.overlong_limit():
         raise ValueError(
             f"overlong_buffer = {config.overlong_buffer} exceeds the overlong limit "

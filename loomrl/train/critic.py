@@ -6,10 +6,11 @@ completion token ``t`` is ``V(s_t)``, read from the hidden state at ``t - 1`` (t
 the token was sampled from), so values line up with logprobs entry for entry (verl's
 ``values[:, -response_length - 1 : -1]``).
 
-Each step: ``estimate`` computes the values of the step's trajectories before any update
-(they feed GAE, and are the ``V^old`` of the value clip), the policy trains, then
-``Critic.step`` takes ``ppo_epochs`` × mini-batches AdamW steps of the clipped value loss
-(``loomrl.train.losses.value``) towards GAE's returns, masked to the trained tokens.
+Each step: ``values`` scores the step's one batch before any update (the values feed GAE,
+through ``loomrl.experience.pipeline``, and are the ``V^old`` of the value clip), the
+policy trains on that batch, then ``Critic.step`` takes ``ppo_epochs`` × mini-batches
+AdamW steps of the clipped value loss (``loomrl.train.losses.value``) towards GAE's
+returns, masked to the trained tokens.
 Environment tokens of a multi-turn trajectory get no value loss; GAE bootstraps across
 them from the next model token's value (``loomrl.algos.returns.gae``).
 """
@@ -17,7 +18,6 @@ them from the next model token's value (``loomrl.algos.returns.gae``).
 from __future__ import annotations
 
 import time
-from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -26,13 +26,10 @@ import torch
 from torch import Tensor
 
 from loomrl.algos import advantages as estimators
-from loomrl.algos.shaping import filter_zero_variance_groups
-from loomrl.experience import Batch, MicroBatch, micro_batches, pack, pad
-from loomrl.experience.maker import UNUSABLE
+from loomrl.experience import Batch, MicroBatch, micro_batches
 from loomrl.train import minibatch
 from loomrl.train.checkpoint import CRITIC, CheckpointError
 from loomrl.train.losses.value import explained_variance, value_loss
-from loomrl.types import Trajectory
 
 
 @dataclass(frozen=True)
@@ -153,18 +150,8 @@ def check_same_vocab(tokenizer: Any, policy_tokenizer: Any, spec: str) -> None:
     )
 
 
-@dataclass(frozen=True)
-class Estimate:
-    """Values of the trajectories ``make_experience`` keeps, before any update: ``inputs``
-    for the estimator (``values [B, T]`` over completion tokens) and each kept
-    trajectory's completion values (``rows``) to place on the training batch."""
-
-    inputs: dict[str, Tensor]
-    rows: list[Tensor]
-
-
 class Critic:
-    """The value model, its AdamW; ``estimate`` before the policy's update, ``step`` after."""
+    """The value model, its AdamW; ``values`` before the policy's update, ``step`` after."""
 
     def __init__(self, model: ValueModel, config: CriticConfig) -> None:
         self.model, self.config = model, config
@@ -194,34 +181,11 @@ class Critic:
             self.model.train(was_training)
         return out
 
-    def estimate(
-        self, trajectories: Sequence[Trajectory], *, drop_zero_variance: bool = False,
-        layout: str = "padded", pad_id: int = 0,
-    ) -> Estimate:  # fmt: skip
-        """Values of the trajectories ``make_experience`` will keep (the same filter:
-        usable status, then zero-variance groups if asked), in its order."""
-        kept = [t for t in trajectories if t.status not in UNUSABLE]
-        if drop_zero_variance and kept:
-            rewards = torch.tensor([float(t.reward) for t in kept], dtype=torch.float64)
-            keep, _ = filter_zero_variance_groups(rewards, torch.tensor([t.group_id for t in kept]))
-            kept = [t for t, k in zip(kept, keep.tolist(), strict=True) if k]
-        if not kept:
-            return Estimate({}, [])
-        batch = pack(kept) if layout == "packed" else pad(kept, pad_token_id=pad_id)
-        rows = batch.per_sample(self.values(batch))
-        width = max(len(t.completion_ids) for t in kept)
-        grid = torch.zeros((len(kept), width), dtype=torch.float32)  # [B, T] as make_experience
-        for i, row in enumerate(rows):
-            grid[i, : row.numel()] = row
-        return Estimate({"values": grid}, rows)
-
-    def step(self, batch: Batch, old_rows: Sequence[Tensor]) -> dict[str, float]:
+    def step(self, batch: Batch, old: Tensor) -> dict[str, float]:
         """``ppo_epochs`` × mini-batches AdamW steps of the clipped value loss towards
-        ``batch.returns``; ``old_rows`` are ``estimate``'s values of the batch's samples."""
+        ``batch.returns``; ``old`` are the values ``values(batch)`` gave before the policy's
+        update (what the estimator read), token-aligned with ``batch.input_ids``."""
         cfg, started = self.config, time.perf_counter()
-        old = torch.zeros(batch.input_ids.shape, dtype=torch.float32)
-        for (row, start, end), values in zip(batch.completion_slices(), old_rows, strict=True):
-            old[row, start:end] = values
         mask = batch.loss_mask
         on = mask.bool()
         spans = minibatch.ranges(batch.num_samples, cfg.mini_batch_size)

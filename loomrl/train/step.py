@@ -1,4 +1,4 @@
-"""One training step's work after its rollouts: experience (shaped, ``loomrl.train.shaping``),
+"""One training step's work after its rollouts: experience (``loomrl.experience.pipeline``),
 the learner's step, the critic's, and the step's rollout metrics."""
 
 from __future__ import annotations
@@ -6,12 +6,11 @@ from __future__ import annotations
 import time
 from typing import Any
 
-from torch import Tensor
-
+from loomrl.experience import Batching
 from loomrl.rollout import Rollouts
 from loomrl.rollout.scoring import SCORED
 from loomrl.train.config import TrainConfig
-from loomrl.train.critic import Critic, Estimate
+from loomrl.train.critic import Critic
 from loomrl.train.learner import Learner
 from loomrl.train.shaping import Shaper
 from loomrl.types import Trajectory
@@ -22,33 +21,26 @@ def learn_step(
     config: TrainConfig, learner: Learner, trajs: list[Trajectory], pad_id: int,
     shaper: Shaper, critic: Critic | None = None, images: PixelEncoder | None = None,
 ) -> dict[str, Any]:  # fmt: skip
-    """Experience (shaped: ``loomrl.train.shaping``) and one learner step, then the
-    critic's (after the values it gave the estimator); a batch with nothing to learn
-    skips the step."""
+    """Experience (shaped: ``loomrl.experience.pipeline``) on one batch, built once as
+    ``config.layout`` says and shared by the critic's values, the reference's logprobs and
+    the learner; then one learner step and the critic's (towards the returns of the
+    values it gave the estimator). A batch with nothing to learn skips the step."""
     t0 = time.perf_counter()
-    values: Estimate | None = None
-
-    def value_inputs(kept: list[Trajectory]) -> dict[str, Tensor]:
-        nonlocal values  # the values of exactly the trajectories the shaper kept
-        assert critic is not None
-        values = critic.estimate(kept, layout=config.layout, pad_id=pad_id)
-        return values.inputs
-
+    batching = Batching(config.layout, pad_id, images)
     exp, shaped = shaper.experience(
-        trajs, pad_id, value_inputs=None if critic is None else value_inputs
+        trajs, batching, values=None if critic is None else critic.values
     )
     row: dict[str, Any] = {
         "trained_trajectories": len(exp.trajectories),
         "zero_variance_groups": exp.stats["zero_variance_groups_dropped"],
         **shaped,
     }
-    if not exp.trajectories or exp.stats.get("trained_tokens", 0) == 0:
+    if exp.batch is None or exp.stats.get("trained_tokens", 0) == 0:
         return {**row, "experience_s": time.perf_counter() - t0, "learner_s": None}
-    batch = exp.packed(images) if config.layout == "packed" else exp.padded(pad_id, images)
     row["experience_s"] = time.perf_counter() - t0
-    row.update(learner.step(batch))
-    if critic is not None and values is not None:
-        row.update(critic.step(batch, values.rows))
+    row.update(learner.step(exp.batch))
+    if critic is not None and exp.values is not None:
+        row.update(critic.step(exp.batch, exp.values))
     return row
 
 

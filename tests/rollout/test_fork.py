@@ -13,7 +13,7 @@ import torch
 import loomrl
 from loomrl.envs.base import Environment, EnvState, EnvStep
 from loomrl.experience import make_experience
-from loomrl.experience.maker import _with_segments
+from loomrl.experience.maker import episode_value
 from loomrl.integrations.trl import to_trl
 from loomrl.producer.records import traj_from_row, traj_to_row
 from loomrl.runs import load_trajectories, write_trajectories
@@ -138,9 +138,10 @@ async def test_experience_trains_every_segment_with_the_episodes_advantage(make_
 async def test_token_level_advantages_on_a_forked_episode_are_refused(make_engine):
     results = await forked(make_engine, n=1)
     traj = results[0]
-    ramp = [float(i) * bit for i, bit in enumerate(traj.loss_mask)]
+    ramp = torch.tensor([float(i) * bit for i, bit in enumerate(traj.loss_mask)])
+    mask = torch.tensor(traj.loss_mask, dtype=torch.float32)
     with pytest.raises(ValueError, match=r"token-level advantages.*outcome estimator"):
-        _with_segments([traj], [ramp], [ramp], "gae")
+        episode_value(traj, ramp, ramp, mask, "gae")
 
 
 async def test_trl_refuses_forked_episodes(make_engine):

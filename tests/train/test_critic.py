@@ -16,7 +16,7 @@ from pydantic import ValidationError
 from test_loop import Crash, config, crash_after, engines  # noqa: F401  (the fixture)
 from transformers import AutoModel, AutoTokenizer
 
-from loomrl.experience import make_experience, pack, pad
+from loomrl.experience import Batching, ModelPasses, ShapingConfig, build_experience, pack, pad
 from loomrl.models import resolve
 from loomrl.run.train import train
 from loomrl.train.checkpoint import CheckpointError, latest_checkpoint, load_critic_state
@@ -120,26 +120,37 @@ def naive_gae(rewards, values, mask, gamma, lam):
 def test_gae_runs_over_the_critics_values_skipping_env_tokens(value_model, layout):
     trajs = make_trajs()
     c = critic(value_model)
-    estimate = c.estimate(trajs, layout=layout, pad_id=7)
-    options = {"gamma": 0.9, "lam": 0.8}
-    exp = make_experience(trajs, "gae", options=options, inputs=estimate.inputs)
-    for t, adv, ret, values in zip(trajs, exp.advantages, exp.returns, estimate.rows, strict=True):
+    config = ShapingConfig(estimator="gae", estimator_options={"gamma": 0.9, "lam": 0.8})
+    exp = build_experience(
+        trajs, config, batching=Batching(layout, pad_id=7), models=ModelPasses(values=c.values)
+    )
+    assert exp.batch is not None and exp.batch.layout == layout and exp.values is not None
+    rows = exp.batch.per_sample(exp.values)  # the values the estimator read, on the batch
+    for t, adv, ret, values in zip(trajs, exp.advantages, exp.returns, rows, strict=True):
         v = values.tolist()
         expected = naive_gae(t.reward, v, t.loss_mask, 0.9, 0.8)
         assert adv == pytest.approx(expected, abs=1e-5)
         on = [a + x if m else 0.0 for a, x, m in zip(expected, v, t.loss_mask, strict=True)]
         assert ret == pytest.approx(on, abs=1e-5)
     assert exp.advantages[1][2:4] == [0.0, 0.0]  # the env tokens of the multi-turn sample
+    for got, want in zip(exp.batch.per_sample(exp.batch.advantages), exp.advantages, strict=True):
+        assert got.tolist() == pytest.approx(want, abs=1e-6)  # the learner's batch holds them
 
 
-def test_estimate_keeps_what_make_experience_keeps(value_model):
+def test_the_critic_scores_only_the_trajectories_the_filters_keep(value_model):
     trajs = make_trajs(rewards=(1.0, 1.0, 0.5, 1.5))
     for t, g in zip(trajs, (0, 0, 1, 1), strict=True):
         t.group_id = g  # group 0's rewards agree
-    estimate = critic(value_model).estimate(trajs, drop_zero_variance=True)
-    exp = make_experience(trajs, "gae", drop_zero_variance=True, inputs=estimate.inputs)
-    assert len(estimate.rows) == len(exp.trajectories) == 2
-    assert estimate.inputs["values"].shape == (2, 5)
+    scored = []
+
+    def values(batch):
+        scored.append(batch.num_samples)
+        return critic(value_model).values(batch)
+
+    config = ShapingConfig(estimator="gae", drop_zero_variance=True)
+    exp = build_experience(trajs, config, batching=Batching(), models=ModelPasses(values=values))
+    assert scored == [2] and len(exp.trajectories) == 2 and exp.advantage_grid.shape == (2, 5)
+    assert exp.values is not None and exp.values.shape == exp.batch.input_ids.shape
 
 
 def test_the_critic_update_lowers_the_value_loss_on_one_fixed_batch(value_model):
@@ -149,8 +160,7 @@ def test_the_critic_update_lowers_the_value_loss_on_one_fixed_batch(value_model)
     c = critic(value_model, lr=1e-2, mini_batch_size=2, value_clip=0.2)
     losses = []
     for _ in range(4):
-        rows = batch.per_sample(c.values(batch))  # V_old: before this step's updates
-        metrics = c.step(batch, rows)
+        metrics = c.step(batch, c.values(batch))  # V_old: before this step's updates
         losses.append(metrics["value_loss"])
     assert all(b < a for a, b in itertools.pairwise(losses)), losses
     assert losses[-1] < 0.75 * losses[0]  # ±0.2 a step (the clip) bounds how fast it falls

@@ -50,7 +50,7 @@ def batch_of_trajs() -> list[Trajectory]:
 def shaper(model, reference=None, **fields) -> Shaper:
     config = TrainConfig(model="tiny-random", max_tokens=10, **fields)
     learner = Learner(copy.deepcopy(model), config.learner(), reference)
-    return Shaper(config, learner)
+    return Shaper(config.shaping(), learner)
 
 
 def rewards_seen(exp) -> list[float]:

@@ -257,13 +257,14 @@ def test_each_trajectory_file_has_its_own_image_table(tmp_path, chat):
 def test_experience_files_keep_the_image_hashes_and_their_pixels(tmp_path, chat):
     import pyarrow.parquet as pq
 
+    from loomrl.experience import ShapingConfig
     from loomrl.experience.files import run_experience
     from loomrl.runs import load_images, write_trajectories
 
     trajs = episodes(chat)
     (tmp_path / "run").mkdir()
     write_trajectories(tmp_path / "run" / "trajectories.parquet", trajs)
-    path, _ = run_experience(tmp_path / "run", "grpo", out=tmp_path / "exp")
+    path, _ = run_experience(tmp_path / "run", ShapingConfig(), out=tmp_path / "exp")
     rows = pq.read_table(path).to_pylist()
     assert [r["images"] for r in rows] == [t.images for t in trajs]
     assert set(load_images(path)) == {h for t in trajs for h in t.images}
