@@ -50,7 +50,9 @@ def count_env_builds() -> collections.Counter[str]:
     """Wrap every registered environment's factory with a counter."""
     built: collections.Counter[str] = collections.Counter()
     for name, entry in list(registry._ENVS.items()):
-        factory = registry.resolve(entry.factory)
+        factory = entry.factory
+        if isinstance(factory, str):  # a "module:attribute" reference, imported on use
+            factory = registry.resolve(factory)
 
         def counted(*args: Any, _name: str = name, _f: Any = factory, **kwargs: Any) -> Any:
             built[_name] += 1
@@ -64,7 +66,6 @@ def count_engine_builds(engine: str) -> list[int]:
     """Count the engines the commands build (scripted ones stand in for vLLM)."""
     from loomrl.engines import _FACTORIES, ScriptedEngine
     from loomrl.models import resolve
-    from loomrl.run import engines
     from loomrl.tokens import ChatTokenizer
 
     made = [0]
@@ -79,13 +80,20 @@ def count_engine_builds(engine: str) -> list[int]:
         return made
     tokenizer = ChatTokenizer.from_pretrained(resolve("tiny-random")).tokenizer
 
-    def scripted(order: Any) -> Any:
+    def scripted(version: int = 0) -> Any:
         made[0] += 1
         fake = ScriptedEngine(lambda ids, p: "Answer: 3", tokenizer=tokenizer)
-        fake.set_policy_version(order.policy_version)
+        fake.set_policy_version(version)
         return fake
 
-    engines.build_engine = scripted
+    try:
+        from loomrl.run import engines
+
+        engines.build_engine = lambda order: scripted(order.policy_version)
+    except ImportError:  # before the run layer: the training loop's own factory
+        from loomrl.train import loop
+
+        loop.engine_factory = lambda config: lambda model_dir, version: scripted(version)
     return made
 
 
@@ -100,7 +108,7 @@ def main_(args: argparse.Namespace) -> None:
         code = main(["train", str(config), "--out", str(out)])
         assert code == 0, f"loomrl train exited {code}"
         rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
-    starts = [r["engine/starts"] for r in rows if "engine/starts" in r]
+    starts = [r.get("engine/starts") for r in rows if "reward_mean" in r]
     body = (
         f"`loomrl train` ({args.engine} engine, {model}), 2 tasks (arith, guess_number), "
         f"{args.steps} steps, held-out evaluation every step:\n\n"

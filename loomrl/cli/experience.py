@@ -112,7 +112,7 @@ def _train_shaping(path: Path) -> ShapingConfig:
 
 
 def cmd_experience(args: argparse.Namespace) -> int:
-    from loomrl.experience.files import run_experience
+    from loomrl.run.experience import run_experience
 
     shaping = shaping_of(args)
     name = shaping.estimator

@@ -161,7 +161,8 @@ class Trainer:
     def learn(self, step: int, trajs: Rollouts) -> dict[str, Any]:
         """Experience and one learner (and critic) step; the shaper's after-step update."""
         m = self.models
-        row = learn_step(self.config, m.learner, trajs, m.pad_id, m.shaper, m.critic, m.images)
+        layout = self.config.layout
+        row = learn_step(layout, m.learner, trajs, m.pad_id, m.shaper, m.critic, m.images)
         m.shaper.after_step(step + 1, row)
         return row
 

@@ -7,9 +7,9 @@ import time
 from typing import Any
 
 from loomrl.experience import Batching
+from loomrl.experience.batch import Layout
 from loomrl.rollout import Rollouts
 from loomrl.rollout.scoring import SCORED
-from loomrl.train.config import TrainConfig
 from loomrl.train.critic import Critic
 from loomrl.train.learner import Learner
 from loomrl.train.shaping import Shaper
@@ -18,15 +18,15 @@ from loomrl.vision.pixels import PixelEncoder
 
 
 def learn_step(
-    config: TrainConfig, learner: Learner, trajs: list[Trajectory], pad_id: int,
+    layout: Layout, learner: Learner, trajs: list[Trajectory], pad_id: int,
     shaper: Shaper, critic: Critic | None = None, images: PixelEncoder | None = None,
 ) -> dict[str, Any]:  # fmt: skip
     """Experience (shaped: ``loomrl.experience.pipeline``) on one batch, built once as
-    ``config.layout`` says and shared by the critic's values, the reference's logprobs and
+    ``layout`` says and shared by the critic's values, the reference's logprobs and
     the learner; then one learner step and the critic's (towards the returns of the
     values it gave the estimator). A batch with nothing to learn skips the step."""
     t0 = time.perf_counter()
-    batching = Batching(config.layout, pad_id, images)
+    batching = Batching(layout, pad_id, images)
     exp, shaped = shaper.experience(
         trajs, batching, values=None if critic is None else critic.values
     )

@@ -9,10 +9,10 @@ import json
 import pyarrow.parquet as pq
 import pytest
 import torch
-from loomrl.train.loop import train
 from test_loop import config, engines  # noqa: F401  (the fixture)
 
 from loomrl.cli import main
+from loomrl.run.train import train
 from loomrl.train.learner import Learner
 
 SHAPED = dict(

@@ -258,7 +258,7 @@ def test_experience_files_keep_the_image_hashes_and_their_pixels(tmp_path, chat)
     import pyarrow.parquet as pq
 
     from loomrl.experience import ShapingConfig
-    from loomrl.experience.files import run_experience
+    from loomrl.run.experience import run_experience
     from loomrl.runs import load_images, write_trajectories
 
     trajs = episodes(chat)
