@@ -97,14 +97,15 @@ class Trainer:
         tasks = await make_tasks(config, plan.envs, plan.drawn, ray)
         try:
             models = load_models(plan)
+            if plan.overwrite and not plan.resume:
+                plan.run.clear()
+            plan.run.path.mkdir(parents=True, exist_ok=True)
+            buffer = open_buffer(plan.run)
         except BaseException:
             await close_rewards([task.env for task in tasks])  # e.g. a judge's engine
             raise
-        if plan.overwrite and not plan.resume:
-            plan.run.clear()
-        plan.run.path.mkdir(parents=True, exist_ok=True)
-        buffer = open_buffer(plan.run)
         trainer = cls(plan, models, buffer, [], on_step)
+        trainer.tasks, trainer.evals = tasks, scored_evals(tasks, plan.evals)
         try:
             if start:
                 buffer.rewind(start)
@@ -112,7 +113,6 @@ class Trainer:
                 write_record(plan.run.path, plan.fingerprints)  # a run with a config has this
                 write_config(plan.run, config)
             trainer.rows = rows_up_to(plan.run, start)
-            trainer.tasks, trainer.evals = tasks, scored_evals(tasks, plan.evals)
             if not trainer.finished:
                 settings = config.model_dump(mode="json")
                 trainer.sinks = open_sinks(config.log_to, plan.run.path, settings)
