@@ -64,9 +64,10 @@ def count_env_builds() -> collections.Counter[str]:
 
 def count_engine_builds(engine: str) -> list[int]:
     """Count the engines the commands build (scripted ones stand in for vLLM)."""
+    from transformers import AutoTokenizer
+
     from loomrl.engines import _FACTORIES, ScriptedEngine
     from loomrl.models import resolve
-    from loomrl.tokens import ChatTokenizer
 
     made = [0]
     if engine == "vllm":
@@ -78,7 +79,7 @@ def count_engine_builds(engine: str) -> list[int]:
 
         _FACTORIES["vllm"] = vllm
         return made
-    tokenizer = ChatTokenizer.from_pretrained(resolve("tiny-random")).tokenizer
+    tokenizer = AutoTokenizer.from_pretrained(resolve("tiny-random"))
 
     def scripted(version: int = 0) -> Any:
         made[0] += 1
