@@ -12,6 +12,7 @@ before it has ended.
 
 from __future__ import annotations
 
+import abc
 import asyncio
 from typing import Literal
 
@@ -43,19 +44,21 @@ class TurnBarrier:
         self._event = asyncio.Event()
 
 
-class Pacing:
+class Pacing(abc.ABC):
     """Seats for trajectories (``async with pacing`` or ``enter``/``exit``) and the
     barrier their turns wait at (None: no barrier)."""
 
     barrier: TurnBarrier | None = None
 
+    @abc.abstractmethod
     async def enter(self) -> None:
-        raise NotImplementedError
+        """Wait for a seat (returns at once after ``close``)."""
 
+    @abc.abstractmethod
     def exit(self) -> None:
-        raise NotImplementedError
+        """Give a seat back: its trajectory ended."""
 
-    def close(self) -> None:
+    def close(self) -> None:  # noqa: B027 (a pacing without waiters has nothing to wake)
         """The loop stops: an ``enter`` that waits returns at once (nothing is started)."""
 
     async def __aenter__(self) -> None:

@@ -35,8 +35,9 @@ from loomrl.rollout.turn_rewards import counting_turns
 from loomrl.run import engines
 from loomrl.run.common import check_engine_args, open_buffer, write_config
 from loomrl.run.rollout_loop import ENDED, play
-from loomrl.run.rollout_report import report_lines, write_summary
+from loomrl.run.rollout_report import report_lines
 from loomrl.rundir import BUFFER, CONFIG, RunDir, RunDirError
+from loomrl.runs.write import write_results
 from loomrl.types import SamplingParams
 
 EngineMaker = Callable[[RolloutConfig], Engine]
@@ -179,7 +180,7 @@ async def execute_rollout(
             if buffer is not None:
                 buffer.close()
     metrics = {**results.metrics.as_dict(), **extra, **env.run_info()}
-    write_summary(run, results, metrics, report_lines(config, metrics))
+    write_results(run, results, metrics, report_lines(config, metrics))
     return run.path, results
 
 

@@ -141,6 +141,17 @@ def write_run(
     run = RunDir(out)
     out.mkdir(parents=True, exist_ok=True)
     run.config.write_text(tomli_w.dumps(toml_ready(config)))
+    write_results(run, trajs, metrics, report_lines)
+
+
+def write_results(
+    run: RunDir,
+    trajs: Sequence[Trajectory],
+    metrics: Mapping[str, Any],
+    report_lines: Iterable[str] = (),
+) -> None:
+    """What a finished rollout leaves beside its config: the trajectories,
+    ``metrics.json`` and ``report.md``."""
     write_trajectories(run.trajectories, trajs)
     run.metrics.write_text(json.dumps(dict(metrics), indent=2) + "\n")
     run.report.write_text("\n".join(report_lines) + "\n")
