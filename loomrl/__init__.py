@@ -1,7 +1,7 @@
 """loomrl: token-exact experience for reinforcement-learning post-training of LLMs.
 
 ``loomrl.rollout`` is the async rollout function (its implementation lives in the
-``loomrl.rollout`` package's modules, e.g. ``loomrl.rollout.scheduler``).
+``loomrl.rollout`` package, over the producer: ``loomrl.rollout.rollouts``).
 """
 
 from loomrl.envs import Environment, EnvState, EnvStep, ToolEnv

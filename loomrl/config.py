@@ -22,10 +22,10 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_valida
 from loomrl.data import DataConfig
 from loomrl.distributed.config import RayConfig
 from loomrl.engines.replicas import check_replicas
+from loomrl.episode.turn_rewards import TurnReward
 from loomrl.models import DEFAULT_MODEL
 from loomrl.redact import redact_text
 from loomrl.rewards.config import RewardConfig
-from loomrl.rollout.turn_rewards import TurnReward
 
 # Examples a rollout draws from an env's generator when not told how many.
 DEFAULT_EXAMPLES = 8

@@ -37,11 +37,12 @@ LAYERS: dict[str, int] = {
     "rewards": 6,
     "envs": 7,
     "harness": 8,
-    "rollout": 9,
+    "episode": 9,
     **dict.fromkeys(["producer", "experience", "distributed", "config"], 10),
-    **dict.fromkeys(["train", "report", "integrations"], 11),
-    "run": 12,
-    **dict.fromkeys(["cli", "doctor", "__init__"], 13),
+    "rollout": 11,
+    **dict.fromkeys(["train", "report", "integrations"], 12),
+    "run": 13,
+    **dict.fromkeys(["cli", "doctor", "__init__"], 14),
 }
 
 MAX_LINES = 400

@@ -124,11 +124,11 @@ class Environment(abc.ABC):
     system_prompt: str | None = None
     #: How ``EnvStep.reward`` values and ``score`` make the episode's reward: "final",
     #: "sum", "final+sum" or "discounted" (by ``turn_discount`` per turn); see
-    #: ``loomrl.rollout.turn_rewards``. A run may override both.
+    #: ``loomrl.episode.turn_rewards``. A run may override both.
     turn_reward: str = "final"
     turn_discount: float = 1.0
     #: Tokens an env message may take in the trajectory; a longer one is cut in the
-    #: middle with a marker (``loomrl.rollout.observations``). None: no cap. A run may
+    #: middle with a marker (``loomrl.episode.observations``). None: no cap. A run may
     #: override it (``max_obs_tokens``).
     max_obs_tokens: int | None = None
 

@@ -30,8 +30,8 @@ from typing import Any, Literal, TypeVar
 from loomrl.engines.base import Engine
 from loomrl.envs import load as load_env
 from loomrl.envs.base import Environment
-from loomrl.rollout.scheduler import Rollouts, rollout
-from loomrl.rollout.scoring import SCORED
+from loomrl.episode.scoring import SCORED
+from loomrl.rollout import Rollouts, rollout
 from loomrl.tokens import ChatTokenizer
 from loomrl.types import SamplingParams, Trajectory
 

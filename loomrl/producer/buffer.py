@@ -38,19 +38,21 @@ class BufferFull(RuntimeError):
 class ReplayBuffer:
     """Groups by id; ``path`` (optional) is the SQLite log that makes them survive a crash.
 
-    ``capacity`` caps the groups not yet final (waiting, running or completed but not
-    consumed); producers stop launching when it is reached. ``groups`` holds exactly
-    those groups, by id: final ones are on disk only (``all_groups``).
+    ``capacity`` caps the groups not yet final (waiting, running or completed, not yet
+    consumed); producers stop launching at it. ``groups`` holds exactly those groups, by
+    id: final ones are on disk only (``all_groups``). Ids start at ``first_id``.
     """
 
-    def __init__(self, path: Path | str | None = None, *, capacity: int | None = None) -> None:
+    def __init__(
+        self, path: Path | str | None = None, *, capacity: int | None = None, first_id: int = 0
+    ) -> None:
         if capacity is not None and capacity < 1:
             raise ValueError(f"capacity must be >= 1, got {capacity}")
         self.capacity = capacity
         self.progress = Progress()
         self._index = GroupIndex()
         self.groups = self._index.live
-        self._next_id = 0
+        self._next_id = first_id  # a log's groups move it on (``_load``)
         self._envs: dict[str, Environment] = {}
         self._warned: set[str] = set()
         self.log = BufferLog(path) if path is not None else None
@@ -316,7 +318,7 @@ class ReplayBuffer:
         """Counts, next id and live groups (with samples) from ``log``."""
         self._index = GroupIndex(log.counts())
         self.groups = self._index.live
-        self._next_id = log.next_group_id()
+        self._next_id = max(self._next_id, log.next_group_id())
         for group in log.iter_groups(LIVE):
             self._index.add(group, counted=True)
         state = log.meta("progress")

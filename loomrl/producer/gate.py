@@ -6,7 +6,7 @@ from __future__ import annotations
 import asyncio
 
 from loomrl.engines.base import Engine
-from loomrl.rollout.turn_loop import Preempted
+from loomrl.episode.turn_loop import Preempted
 from loomrl.types import Trajectory
 
 

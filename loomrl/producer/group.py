@@ -92,3 +92,9 @@ class Group:
 
     def trainable(self) -> bool:
         return all(s.traj.status not in UNTRAINABLE for s in self.samples.values())
+
+
+def example_id(example: dict[str, Any], index: int) -> int:
+    """The example's integer ``id`` when it has one, else its position in its dataset."""
+    value = example.get("id")
+    return value if isinstance(value, int) and not isinstance(value, bool) else index

@@ -22,18 +22,17 @@ from typing import Any, Literal
 from loomrl.aio import gather_or_cancel
 from loomrl.engines.base import Engine
 from loomrl.envs.base import EnvState
+from loomrl.episode.context import RolloutContext, close_context, open_context
+from loomrl.episode.pacing import Continuous, Pacing
+from loomrl.episode.scoring import score
+from loomrl.episode.turn_loop import Preempted, Resume, run_trajectory
 from loomrl.producer.buffer import ReplayBuffer
 from loomrl.producer.config import ProducerConfig
 from loomrl.producer.failures import load_failures, save_failures
 from loomrl.producer.gate import Gate
-from loomrl.producer.group import FINAL, UNTRAINABLE, Group, GroupStatus, Sample
+from loomrl.producer.group import FINAL, UNTRAINABLE, Group, GroupStatus, Sample, example_id
 from loomrl.producer.progress import Progress
 from loomrl.producer.tasks import Task, next_task
-from loomrl.rollout.context import RolloutContext, close_context, open_context
-from loomrl.rollout.pacing import Continuous
-from loomrl.rollout.scheduler import example_id
-from loomrl.rollout.scoring import score
-from loomrl.rollout.turn_loop import Preempted, Resume, run_trajectory
 from loomrl.tokens import ChatTokenizer
 from loomrl.types import SamplingParams, Trajectory
 
@@ -41,13 +40,16 @@ GroupCheck = Callable[[Group], bool]
 
 
 class Producer:
-    """Shared machinery; use ``SyncProducer`` or ``AsyncProducer``.
+    """The one scheduling loop. ``run_to_end`` runs every example once (``rollout()``);
+    training uses ``SyncProducer`` or ``AsyncProducer``.
 
     ``is_valid_group(group)`` decides whether a finished, error-free group is trained on
     (else ``filtered``); ``should_continue(progress)`` whether new groups may be drawn.
     ``on_group(group)`` is told of every group that finishes (``completed``, ``filtered``
-    or ``failed``). ``failures`` counts every failed sample and every exception of the
-    producer's own work, and keeps the first ``keep_failures`` distinct messages.
+    or ``failed``). ``pacing`` hands out the seats of every task's samples (default
+    ``Continuous(concurrency)``; ``rollout(mode="turn_sync")`` passes ``TurnSync``).
+    ``failures`` counts every failed sample and every exception of the producer's own
+    work, and keeps the first ``keep_failures`` distinct messages.
     """
 
     def __init__(
@@ -63,6 +65,7 @@ class Producer:
         env_timeout: float | None = None,
         on_error: Literal["raise", "isolate"] = "isolate",
         concurrency: int = 256,
+        pacing: Pacing | None = None,
         env_workers: int = 64,
         chat: ChatTokenizer | None = None,
         is_valid_group: GroupCheck | None = None,
@@ -96,7 +99,7 @@ class Producer:
         # Tail groups of a resumed buffer still run to the end without expiry.
         self.gate.exempt = {g.group_id for g in self.buffer.groups.values() if g.tail}
         self.contexts: dict[str, RolloutContext] = {}
-        self.pacing = Continuous(concurrency)  # seats shared by every task's samples
+        self.pacing = pacing or Continuous(concurrency)  # seats shared by every task's samples
         for task in tasks:
             ctx = open_context(
                 engine, task.env, chat=chat, sampling=sampling, max_turns=max_turns,

@@ -3,7 +3,7 @@
 Every function takes plain lists (one value per trajectory, with the trajectory's step)
 and returns plain lists keyed by sorted step, so plots show distributions (quartiles)
 and not only means. Rewards are summarised over scored trajectories only, as
-``loomrl.rollout.metrics`` does.
+``loomrl.episode.metrics`` does.
 """
 
 from __future__ import annotations

@@ -8,7 +8,7 @@ from collections.abc import Mapping
 from loomrl.data import Drawn
 from loomrl.envs import Environment
 from loomrl.envs import load as load_env
-from loomrl.rollout.turn_rewards import counting_turns
+from loomrl.episode.turn_rewards import counting_turns
 from loomrl.train.config import TrainConfig
 from loomrl.train.eval_set import EvalTask, eval_examples
 

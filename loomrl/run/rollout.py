@@ -26,12 +26,12 @@ from loomrl.engines.base import Engine
 from loomrl.envs import load as load_env
 from loomrl.envs.base import Environment
 from loomrl.envs.scored import check_rewards, close_rewards, with_reward
+from loomrl.episode.metrics import compute_metrics
+from loomrl.episode.turn_rewards import counting_turns
 from loomrl.models import check_spec
 from loomrl.producer import ReplayBuffer
 from loomrl.producer.metrics import producer_metrics
 from loomrl.rollout import Rollouts
-from loomrl.rollout.metrics import compute_metrics
-from loomrl.rollout.turn_rewards import counting_turns
 from loomrl.run import engines
 from loomrl.run.common import check_engine_args, open_buffer, write_config
 from loomrl.run.rollout_loop import ENDED, play

@@ -1,10 +1,10 @@
 """The loop of ``loomrl rollout``: every example's group through a producer over the run's
-buffer log (continuous mode), or one ``rollout`` call (turn-synchronous mode), with a
-progress bar; the engine is closed at the end."""
+buffer log (continuous mode, resumable), or one ``rollout`` call (turn-synchronous mode:
+the same producer loop with the ``TurnSync`` pacing, not resumable), with a progress bar;
+the engine is closed at the end."""
 
 from __future__ import annotations
 
-import math
 import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING
@@ -16,10 +16,10 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from loomrl.engines.base import Engine
 from loomrl.engines.replicas import engine_metrics
 from loomrl.envs.base import Environment
+from loomrl.episode.metrics import compute_metrics
 from loomrl.producer import GroupStatus, Producer, ProducerConfig, ReplayBuffer, Task
 from loomrl.producer.metrics import producer_metrics
 from loomrl.rollout import Rollouts, rollout
-from loomrl.rollout.metrics import compute_metrics
 from loomrl.types import Trajectory
 
 if TYPE_CHECKING:
@@ -81,7 +81,7 @@ async def _produce(
         engine, Task(config.env, env, examples),
         ProducerConfig(
             n=config.n, batch_size=len(examples), max_staleness=None,
-            max_in_flight=max(1, math.ceil(config.concurrency / config.n)),
+            max_in_flight=config.concurrency,  # as rollout(): no seat idles on a straggler
         ),
         buffer=buffer, sampling=plan.sampling, max_turns=config.max_turns,
         max_len=config.max_len, env_timeout=config.env_timeout, on_error=config.on_error,

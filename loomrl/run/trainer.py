@@ -20,9 +20,9 @@ from loomrl.distributed.run import RaySession, env_metrics
 from loomrl.engines.base import Engine
 from loomrl.engines.replicas import engine_metrics, has_remote
 from loomrl.envs.scored import close_rewards
+from loomrl.episode.metrics import compute_metrics
 from loomrl.producer import ReplayBuffer, SyncProducer
 from loomrl.rollout import Rollouts
-from loomrl.rollout.metrics import compute_metrics
 from loomrl.run import engines
 from loomrl.run.common import open_buffer, write_config
 from loomrl.run.metrics_log import append_row, rows_up_to

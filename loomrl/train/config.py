@@ -24,10 +24,10 @@ from loomrl.config import (
 from loomrl.data import DataConfig
 from loomrl.distributed.config import RayConfig
 from loomrl.engines.replicas import check_replicas
+from loomrl.episode.turn_rewards import TurnReward
 from loomrl.experience.shaping_config import ShapingConfig
 from loomrl.models import DEFAULT_MODEL
 from loomrl.rewards.config import RewardConfig
-from loomrl.rollout.turn_rewards import TurnReward
 from loomrl.train.config_rules import check_knobs, check_pool, check_single_env
 from loomrl.train.critic import CriticConfig, check_critic
 from loomrl.train.learner import LearnerConfig

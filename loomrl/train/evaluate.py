@@ -21,8 +21,8 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from loomrl.algos.pass_at_k import mean_pass_at_k
+from loomrl.episode.scoring import SCORED
 from loomrl.rollout import rollout
-from loomrl.rollout.scoring import SCORED
 from loomrl.rundir import RunDir
 from loomrl.runs import write_trajectories
 from loomrl.train.eval_set import EvalTask

@@ -10,9 +10,9 @@ from typing import TYPE_CHECKING, Any
 from loomrl.data import Drawn
 from loomrl.envs import Environment
 from loomrl.envs.scored import RubricEnv, with_reward
+from loomrl.episode.turn_rewards import counting_turns
 from loomrl.producer import AsyncProducer, ProducerConfig, ReplayBuffer, SyncProducer, Task
 from loomrl.producer.metrics import producer_metrics
-from loomrl.rollout.turn_rewards import counting_turns
 from loomrl.train.config import TrainConfig
 from loomrl.train.eval_set import EvalTask
 from loomrl.types import SamplingParams

@@ -6,10 +6,10 @@ from __future__ import annotations
 import time
 from typing import Any
 
+from loomrl.episode.scoring import SCORED
 from loomrl.experience import Batching
 from loomrl.experience.batch import Layout
 from loomrl.rollout import Rollouts
-from loomrl.rollout.scoring import SCORED
 from loomrl.train.critic import Critic
 from loomrl.train.learner import Learner
 from loomrl.train.shaping import Shaper

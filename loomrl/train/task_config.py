@@ -8,8 +8,8 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from loomrl.config import TURN_DISCOUNT, TURN_REWARD
 from loomrl.data import DataConfig
+from loomrl.episode.turn_rewards import TurnReward
 from loomrl.rewards.config import RewardConfig
-from loomrl.rollout.turn_rewards import TurnReward
 
 
 class TaskConfig(BaseModel):

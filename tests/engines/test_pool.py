@@ -17,7 +17,7 @@ from PIL import Image
 from loomrl import Environment, EnvStep, SamplingParams, Status, rollout
 from loomrl.engines import EngineUnavailable, ScriptedEngine, pool
 from loomrl.engines.pool import EnginePool, affinity_key
-from loomrl.rollout.context import RolloutContext
+from loomrl.episode.context import RolloutContext
 
 PARAMS = SamplingParams(max_tokens=64)
 STEP = {"step_base_s": 0.001}  # requests stay in flight for a few ms

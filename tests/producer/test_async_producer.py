@@ -9,8 +9,8 @@ import asyncio
 import pytest
 from producer_helpers import Talk, check_counts, config, examples, wait_until
 
+from loomrl.episode.turn_loop import Preempted
 from loomrl.producer import AsyncProducer, Group, GroupStatus, ReplayBuffer, Task
-from loomrl.rollout.turn_loop import Preempted
 from loomrl.types import Trajectory
 
 

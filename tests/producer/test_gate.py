@@ -9,8 +9,8 @@ from types import SimpleNamespace
 
 import pytest
 
+from loomrl.episode.turn_loop import Preempted
 from loomrl.producer import Gate
-from loomrl.rollout.turn_loop import Preempted
 from loomrl.types import Trajectory
 
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from loomrl import Environment, EnvStep, Status, rollout
-from loomrl.rollout.metrics import compute_metrics, env_summary
+from loomrl.episode.metrics import compute_metrics, env_summary
 from loomrl.types import Trajectory
 
 

@@ -13,7 +13,7 @@ import pytest
 
 import loomrl
 from loomrl.envs.base import Environment, EnvState, EnvStep
-from loomrl.rollout import context
+from loomrl.episode import context
 
 
 class ThreadProbe(Environment):

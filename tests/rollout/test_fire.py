@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 
 import loomrl
-from loomrl.rollout.requests import open_turn_start
+from loomrl.episode.requests import open_turn_start
 from loomrl.types import SamplingParams, Status, Trajectory
 
 REPLY = "Seven apples and three pears make ten pieces of fruit."

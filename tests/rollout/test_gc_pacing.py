@@ -8,7 +8,7 @@ import gc
 import pytest
 
 from loomrl import Environment, EnvStep, rollout
-from loomrl.rollout.gc_pacing import YOUNG_THRESHOLD, fewer_collections
+from loomrl.episode.gc_pacing import YOUNG_THRESHOLD, fewer_collections
 
 
 @pytest.fixture

@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 
 from loomrl import Environment, EnvStep, Status, rollout
-from loomrl.rollout.observations import cap_messages, cut_middle, fit_messages
+from loomrl.episode.observations import cap_messages, cut_middle, fit_messages
 
 WORDS = " ".join(f"w{i}" for i in range(2000))  # ~4000 tokens, head and tail distinct
 

@@ -9,7 +9,7 @@ import asyncio
 import pytest
 
 from loomrl import Environment, EnvStep, Status, rollout
-from loomrl.rollout.pacing import Continuous, TurnSync, pacing
+from loomrl.episode.pacing import Continuous, TurnSync, pacing
 
 
 async def entered(pace, count: int) -> list[asyncio.Task[None]]:

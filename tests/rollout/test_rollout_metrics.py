@@ -14,8 +14,8 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from loomrl import Environment, EnvStep, Status, Trajectory, rollout
+from loomrl.episode.metrics import compute_metrics
 from loomrl.rollout import RolloutMetrics
-from loomrl.rollout.metrics import compute_metrics
 
 AGAIN = [{"role": "user", "content": "again"}]
 

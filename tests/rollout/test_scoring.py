@@ -15,8 +15,8 @@ import math
 import pytest
 
 from loomrl import Environment, Trajectory, rollout
-from loomrl.rollout.context import close_context, open_context
-from loomrl.rollout.scoring import score
+from loomrl.episode.context import close_context, open_context
+from loomrl.episode.scoring import score
 
 QUESTIONS = ["Q0", "Q1", "Q2", "Q3"]
 

@@ -10,7 +10,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from loomrl import Environment, EnvStep, Status, rollout
-from loomrl.rollout.turn_rewards import MODES, TURNS, check_mode, combine
+from loomrl.episode.turn_rewards import MODES, TURNS, check_mode, combine
 
 
 def naive(mode, final, turn_rewards, discount):

@@ -32,8 +32,8 @@ from typing import Any, Protocol
 
 from loomrl.engines.base import Engine
 from loomrl.envs.base import Environment, EnvState, EnvTimeout
-from loomrl.rollout.pacing import Pacing
-from loomrl.rollout.turn_rewards import check_mode
+from loomrl.episode.pacing import Pacing
+from loomrl.episode.turn_rewards import check_mode
 from loomrl.tokens import ChatTokenizer
 from loomrl.types import SamplingParams, Trajectory
 from loomrl.workers import DaemonPool
@@ -81,8 +81,8 @@ class RolloutContext:
     score_pool: Executor
     run_id: str
     inline: bool = False  # call sync env methods on the loop (see the module docstring)
-    max_obs_tokens: int | None = None  # per env message (loomrl.rollout.observations)
-    pacing: Pacing | None = None  # its barrier, if any, paces the turns (loomrl.rollout.pacing)
+    max_obs_tokens: int | None = None  # per env message (loomrl.episode.observations)
+    pacing: Pacing | None = None  # its barrier, if any, paces the turns (loomrl.episode.pacing)
     gate: Gate | None = None
     checkpoint: Checkpoint | None = None
     in_flight: set[str] = field(default_factory=set)

@@ -16,10 +16,10 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from loomrl.envs.base import Environment, EnvState, EnvStep, TurnRecord
-from loomrl.rollout import requests
-from loomrl.rollout.context import EnvTimeout, RolloutContext
-from loomrl.rollout.observations import cap_messages, fit_messages
-from loomrl.rollout.pacing import TurnBarrier
+from loomrl.episode import requests
+from loomrl.episode.context import EnvTimeout, RolloutContext
+from loomrl.episode.observations import cap_messages, fit_messages
+from loomrl.episode.pacing import TurnBarrier
 from loomrl.types import Completion, Status, Trajectory
 
 
@@ -335,7 +335,7 @@ def _fit_replies(
     tools: list[dict[str, Any]] | None,
 ) -> tuple[list[dict[str, Any]], list[int]] | None:
     """The env's messages within the observation budgets, and their glue; None when even
-    cut they leave no room to generate (see ``loomrl.rollout.observations``)."""
+    cut they leave no room to generate (see ``loomrl.episode.observations``)."""
     chat = ctx.chat
 
     def glue_of(replies: Sequence[dict[str, Any]]) -> list[int]:

@@ -13,7 +13,7 @@ import math
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 
-from loomrl.rollout.scoring import SCORED
+from loomrl.episode.scoring import SCORED
 from loomrl.types import Status, Trajectory
 
 

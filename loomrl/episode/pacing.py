@@ -1,7 +1,7 @@
 """Pacing: when a trajectory may start, and whether its turns wait for each other.
 
-The one scheduling loop (``loomrl.rollout.scheduler`` and the producers) takes a seat
-before it starts a trajectory and gives it back once the trajectory is scored; the turn
+The one scheduling loop (the producer's, which ``rollout()`` also runs on) takes a seat
+before it starts a sample and gives it back once the sample's episode ended; the turn
 loop waits at the pacing's ``barrier`` (if it has one) before each generation and each
 env step. ``Continuous`` is loomrl's schedule: ``width`` seats, a seat frees as soon as a
 trajectory ends, no barrier. ``TurnSync`` is the turn-synchronous baseline (NeMo-RL's

@@ -1,5 +1,5 @@
-"""Scoring finished trajectories: ``env.score`` one at a time as each ends, or
-``env.score_many`` once a whole group has ended (batched scorers, group-relative judges).
+"""Scoring a group once all its samples ended: ``env.score`` for each sample (at once),
+or one ``env.score_many`` call for the group (batched scorers, group-relative judges).
 
 A scorer failure marks only the sample it belongs to (``error``; ``env_timeout`` past the
 deadline): the rest of the group keeps its scores. Per-sample ``score`` calls say directly
@@ -14,7 +14,7 @@ would cost up to ``n`` more deadlines) and a batch that returns the wrong number
 error propagates as it is; a timeout is never raised.
 
 The score then meets the per-turn rewards as the env's ``turn_reward`` says
-(``loomrl.rollout.turn_rewards``); a combination that fails (a reserved component name)
+(``loomrl.episode.turn_rewards``); a combination that fails (a reserved component name)
 is that sample's error too.
 """
 
@@ -27,8 +27,8 @@ from typing import Any
 
 from loomrl.aio import gather_or_cancel
 from loomrl.envs.base import Environment, EnvState, Score, split_score
-from loomrl.rollout.context import EnvTimeout, RolloutContext
-from loomrl.rollout.turn_rewards import combine
+from loomrl.episode.context import EnvTimeout, RolloutContext
+from loomrl.episode.turn_rewards import combine
 from loomrl.types import Status, Trajectory
 
 SCORED = frozenset({Status.TERMINATED, Status.MAX_TURNS, Status.TRUNCATED})

@@ -7,7 +7,7 @@ from collections.abc import Sequence
 from dataclasses import replace
 from typing import Any
 
-from loomrl.rollout.context import RolloutContext
+from loomrl.episode.context import RolloutContext
 from loomrl.types import CONTINUED, Completion, SamplingParams, Trajectory
 
 
