@@ -27,6 +27,7 @@ LAYERS: dict[str, int] = {
             "workers",
             "algos",
             "rundir",
+            "lifeline",
         ],
         1,
     ),

@@ -20,7 +20,7 @@ from contextlib import AbstractContextManager, nullcontext
 from pathlib import Path
 
 from loomrl.envs.base import Environment
-from loomrl.producer.group import FINAL, WAITING, Group, GroupStatus, Sample, SavedState
+from loomrl.producer.group import FINAL, Group, GroupStatus, Sample, SavedState
 from loomrl.producer.index import LIVE, GroupIndex
 from loomrl.producer.log import BufferLog, BufferLogError
 from loomrl.producer.progress import Progress
@@ -75,10 +75,10 @@ class ReplayBuffer:
     def room(self) -> int | None:
         return None if self.capacity is None else self.capacity - self.live()
 
-    def waiting(self) -> list[Group]:
-        """Groups to (re)start: pending, aborted or expired, tail groups first, then oldest."""
-        found = [g for s in WAITING for g in self._index.in_status(s)]
-        return sorted(found, key=lambda g: (not g.tail, g.group_id))
+    def waiting(self, running: Collection[int] = ()) -> list[Group]:
+        """Groups to (re)start: pending, aborted or expired, but the ``running`` ones (ids),
+        tail groups first, then oldest (``GroupIndex.waiting``)."""
+        return self._index.waiting(running)
 
     def completed(self, task: str | None = None) -> list[Group]:
         ready = self._index.in_status(GroupStatus.COMPLETED)

@@ -8,9 +8,9 @@ group ever made, so they cost the same after a million groups as after ten.
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Iterator, Mapping
+from collections.abc import Collection, Iterator, Mapping
 
-from loomrl.producer.group import FINAL, Group, GroupStatus
+from loomrl.producer.group import FINAL, WAITING, Group, GroupStatus
 
 LIVE = tuple(s for s in GroupStatus if s not in FINAL)
 
@@ -34,6 +34,16 @@ class GroupIndex:
     def in_status(self, status: GroupStatus) -> Iterator[Group]:
         """The live groups in ``status`` (none for a final status: they are not kept)."""
         return iter(self._by_status.get(status, {}).values())
+
+    def waiting(self, running: Collection[int] = ()) -> list[Group]:
+        """Live groups in a waiting status but the ``running`` ones (ids of waiting groups:
+        a running group is pending), tail groups first, then oldest. O(1) when every
+        waiting group runs, as while a producer works through fresh examples."""
+        if sum(len(self._by_status[s]) for s in WAITING) <= len(running):
+            return []
+        found = [g for s in WAITING for g in self._by_status[s].values()]
+        found = [g for g in found if g.group_id not in running]
+        return sorted(found, key=lambda g: (not g.tail, g.group_id))
 
     def add(self, group: Group, *, counted: bool = False) -> None:
         """Count ``group`` in its status (unless ``counted`` already) and keep it if live."""

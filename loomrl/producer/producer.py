@@ -254,7 +254,7 @@ class Producer:
 
     def _waiting_group(self) -> Group | None:
         """The first waiting group that is not running (tail groups first, then oldest)."""
-        return next((g for g in self.buffer.waiting() if g.group_id not in self._running), None)
+        return next(iter(self.buffer.waiting(self._running)), None)
 
     def _may_draw(self) -> bool:
         """Whether ``should_continue`` lets new examples be drawn."""

@@ -46,8 +46,8 @@ def quotas(weights: Mapping[str, float], total: int) -> dict[str, int]:
 def next_task(weights: Mapping[str, float], done: Mapping[str, int]) -> str | None:
     """The task furthest behind its share once one more group is counted (None if no
     task is offered)."""
-    if not weights:
-        return None
+    if len(weights) <= 1:  # one task (every rollout() call): nothing to allocate
+        return next(iter(weights), None)
     target = quotas(weights, sum(done.get(name, 0) for name in weights) + 1)
     return max(
         weights, key=lambda name: (target[name] - done.get(name, 0), -list(weights).index(name))

@@ -1,0 +1,85 @@
+"""Children that die with the process that started them, however it dies (SIGKILL too).
+
+A process killed by SIGKILL or the out-of-memory killer runs no cleanup, so its children
+must notice on their own. Two tools, both from the OS, never a search by process name:
+
+- ``watch_parent()`` runs in the child: a daemon thread waits on a pidfd of the parent
+  *process* (``os.pidfd_open``; Linux >= 5.3) and SIGKILLs this process when the parent
+  exits, so the child's own children notice in turn. It is armed through vLLM's
+  general-plugin hook (``arm_from_env``, an entry point of this package) in every vLLM
+  process (the engine core, its workers, ``vllm serve``'s API server) when
+  ``LOOMRL_DIE_WITH_PARENT`` is set in its environment, which loomrl sets before it
+  starts an engine or a server. A process whose parent is already gone exits at once.
+- ``die_with_parent`` is a ``preexec_fn`` for commands loomrl starts itself: the kernel
+  SIGKILLs the child when the *thread* that forked it ends (``prctl(PR_SET_PDEATHSIG)``),
+  so it is only for children started from a thread that lives as long as the process
+  (the main thread, or the thread of a long-lived event loop).
+
+Both are no-ops where the OS lacks them (not Linux): the children then outlive a SIGKILL
+as before.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import select
+import signal
+import sys
+import threading
+
+ENV = "LOOMRL_DIE_WITH_PARENT"
+PR_SET_PDEATHSIG = 1
+_watched: set[int] = set()  # parents this process already watches (plugins load twice)
+
+
+def mark_children() -> None:
+    """Processes started from now on by this one (with its environment) arm
+    ``watch_parent`` when they load vLLM's plugins."""
+    os.environ[ENV] = "1"
+
+
+def child_env(env: dict[str, str]) -> dict[str, str]:
+    """``env`` for a child process that arms ``watch_parent`` (see ``mark_children``)."""
+    return {**env, ENV: "1"}
+
+
+def arm_from_env() -> None:
+    """vLLM's general-plugin hook: ``watch_parent`` when loomrl started this process
+    tree (``LOOMRL_DIE_WITH_PARENT``), else nothing (loomrl is only installed here)."""
+    if os.environ.get(ENV) == "1":
+        watch_parent()
+
+
+def watch_parent() -> bool:
+    """Kill this process when its parent process exits; False when the OS cannot watch
+    a process (no pidfd). A parent that is already gone (this process was reparented
+    to init) kills it at once."""
+    parent = os.getppid()
+    if parent in _watched:
+        return True
+    if parent == 1:
+        os.kill(os.getpid(), signal.SIGKILL)
+    try:
+        fd = os.pidfd_open(parent)
+    except (AttributeError, OSError):  # not Linux, or a kernel before 5.3
+        return False
+    _watched.add(parent)
+    threading.Thread(target=_wait_then_die, args=(fd,), name="loomrl-lifeline", daemon=True).start()
+    return True
+
+
+def _wait_then_die(fd: int) -> None:
+    """Block until the pidfd is readable (its process exited), then SIGKILL this one."""
+    select.select([fd], [], [])
+    os.kill(os.getpid(), signal.SIGKILL)
+
+
+def die_with_parent() -> None:
+    """``preexec_fn``: the kernel SIGKILLs this child when its parent thread ends."""
+    if not sys.platform.startswith("linux"):
+        return
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+    if os.getppid() == 1:  # the parent died before the prctl: nobody would signal
+        os._exit(1)
