@@ -1,11 +1,13 @@
 """Shared test setup: the default model's files are prepared once per session (its
 tokenizer is the real tokenizer the fast tests use; a fresh machine converts it first),
-and scripted engines over that tokenizer are closed after each test."""
+scripted engines over that tokenizer are closed after each test, and the run fails if it
+leaves an engine, Ray, sandbox or harness process behind (``leftovers``)."""
 
 from __future__ import annotations
 
 import pytest
 from contract import check_contract as contract_of
+from leftovers import pytest_configure, pytest_sessionfinish  # noqa: F401 (hooks)
 from transformers import AutoTokenizer
 
 from loomrl.engines import ScriptedEngine

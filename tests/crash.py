@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import psutil
 import pytest
 
 from loomrl.producer.log import BufferLogError, read_log
@@ -92,11 +93,14 @@ def kill_when(
     why: str,
     timeout: float = 120,
     env: dict[str, str] | None = None,
+    main_only: bool = False,
 ) -> str:
     """Run ``cmd`` in its own session and SIGKILL the whole session (vLLM's children too)
     as soon as ``reached()`` describes the moment (returns a string, not None); return
     that description. Fails, saying ``why``, if the process ends by itself first (the
-    kill would not have landed mid-run) or the moment does not come within ``timeout``."""
+    kill would not have landed mid-run) or the moment does not come within ``timeout``.
+    ``main_only``: SIGKILL the main process alone (as the OOM killer does) and fail if
+    any process it started is still there 15 s later."""
     child = subprocess.Popen(cmd, start_new_session=True, env=env)
     try:
         deadline = time.monotonic() + timeout
@@ -105,6 +109,8 @@ def kill_when(
                 pytest.fail(f"{why}: the process ended (exit status {child.returncode}) first")
             moment = reached()
             if moment is not None:
+                if main_only:
+                    kill_main_only(child)
                 _kill_session(child)
                 if child.returncode != -signal.SIGKILL:
                     pytest.fail(
@@ -138,6 +144,19 @@ def run_session(
     return subprocess.CompletedProcess(cmd, child.returncode, out, err)
 
 
+def kill_main_only(child: subprocess.Popen[Any], grace_s: float = 15) -> None:
+    """SIGKILL ``child`` alone; every process it had started must be gone within
+    ``grace_s`` (the tree is recorded before the kill)."""
+    family = psutil.Process(child.pid).children(recursive=True)
+    names = {p.pid: " ".join(p.cmdline()).strip()[:120] for p in family if p.is_running()}
+    child.send_signal(signal.SIGKILL)
+    child.wait()
+    _, alive = psutil.wait_procs(family, timeout=grace_s)
+    if alive:
+        left = "; ".join(f"{p.pid}: {names.get(p.pid, '?')}" for p in alive)
+        pytest.fail(f"{len(alive)} processes outlived their SIGKILLed parent: {left}")
+
+
 def _kill_session(child: subprocess.Popen[Any]) -> None:
     with contextlib.suppress(ProcessLookupError):  # the session is gone already
         os.killpg(child.pid, signal.SIGKILL)
@@ -145,10 +164,16 @@ def _kill_session(child: subprocess.Popen[Any]) -> None:
 
 
 def kill_mid_production(
-    cmd: list[str], run_dir: Path, *, timeout: float = 120, env: dict[str, str] | None = None
+    cmd: list[str],
+    run_dir: Path,
+    *,
+    timeout: float = 120,
+    env: dict[str, str] | None = None,
+    main_only: bool = False,
 ) -> Snapshot:
     """Run ``cmd`` in its own session and SIGKILL the whole session (vLLM's children
-    too) once the log holds >= 1 finished group and >= 2 samples mid-episode."""
+    too; ``main_only``: see ``kill_when``) once the log holds >= 1 finished group and
+    >= 2 samples mid-episode."""
 
     def reached() -> str | None:
         seen = peek(run_dir)
@@ -157,7 +182,7 @@ def kill_mid_production(
         return None
 
     why = "no moment with finished groups and in-flight samples"
-    kill_when(cmd, reached, why=why, timeout=timeout, env=env)
+    kill_when(cmd, reached, why=why, timeout=timeout, env=env, main_only=main_only)
     return snapshot(run_dir)
 
 

@@ -28,6 +28,7 @@ LAYERS: dict[str, int] = {
             "algos",
             "rundir",
             "lifeline",
+            "reaper",
         ],
         1,
     ),

@@ -14,6 +14,7 @@ import threading
 import traceback
 from typing import Any
 
+from loomrl import lifeline
 from loomrl.cli import (
     doctor,
     envs,
@@ -73,6 +74,7 @@ def _terminate_like_interrupt() -> Any:
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    lifeline.start_reaper()  # whatever this command starts dies with it, however it dies
     previous = _terminate_like_interrupt()
     try:
         return args.func(args)

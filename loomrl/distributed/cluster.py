@@ -19,6 +19,8 @@ import socket
 from dataclasses import dataclass
 from typing import Any
 
+from loomrl import lifeline
+
 FORWARDED_ENV = ("LOOMRL_", "VLLM_", "HF_", "OMP_NUM_THREADS")
 
 
@@ -87,6 +89,7 @@ def connect(
         configure_logging=True,
     )  # fmt: skip
     if address in (None, "", "local"):
+        lifeline.start_reaper()  # its agents outlive a SIGKILLed driver by a minute
         try:
             ray.init(
                 address="local",  # a new cluster, whatever RAY_ADDRESS or `ray start` say

@@ -28,6 +28,7 @@ from pathlib import Path
 
 import psutil
 
+from loomrl import lifeline
 from loomrl.engines.vllm import (
     DEFAULT_CPU_KV_CACHE_GIB,
     WEIGHT_LOADER,
@@ -170,7 +171,7 @@ def start_server(
         spec, port=port, host=host, max_len=max_len, api_key=api_key, seed=seed,
         max_num_seqs=max_num_seqs, model_dir=model_dir, block_size=block_size,
     )  # fmt: skip
-    env = dict(os.environ)
+    env = lifeline.child_env(dict(os.environ))  # the server and its engine die with us
     env["VLLM_SERVER_DEV_MODE"] = "1"
     env.setdefault("VLLM_LOGGING_LEVEL", "WARNING")
     if kv_cache_gib is not None:

@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING, Any
 
 import psutil
 
+from loomrl import lifeline
 from loomrl.engines.base import check_prompt, tokens_left
 from loomrl.hardware import cpu_has_native_bf16
 from loomrl.models import is_vision, resolve
@@ -93,6 +94,7 @@ class VLLMEngine:
             **engine_args,
         )
         before = {p.pid for p in psutil.Process().children(recursive=True)}
+        lifeline.mark_children()  # its engine core and workers die with this process
         self._llm = AsyncLLM.from_engine_args(args)
         self._image: tuple[int, tuple[int, ...]] | None = None  # placeholder id, its block
         self._children = [

@@ -22,6 +22,8 @@ from typing import Any
 
 import psutil
 
+from loomrl.lifeline import die_with_parent
+
 TAIL_CHARS = 4000
 """How much of a command's stdout and stderr is kept (the end of each)."""
 
@@ -100,6 +102,7 @@ class Program:
             stderr=asyncio.subprocess.PIPE,
             env=env,
             start_new_session=True,
+            preexec_fn=die_with_parent,  # forked on the rollout's event-loop thread
         )
         done = asyncio.ensure_future(_wait(process, json.dumps(run.example).encode(), run.api_key))
         return cls(done, process, run.api_key)

@@ -1,6 +1,8 @@
-"""`loomrl rollout` with real vLLM killed with SIGKILL mid-production, then
-`loomrl rollout --resume RUN_DIR`: every example's group exactly once, finished groups
-kept, in-flight trajectories continued from their unchanged token prefix.
+"""`loomrl rollout` with real vLLM killed with SIGKILL mid-production (the main process
+alone, as the OOM killer does: every process it started, vLLM's engine core and workers
+or the Ray cluster it started, must be gone within 15 s), then `loomrl rollout --resume
+RUN_DIR`: every example's group exactly once, finished groups kept, in-flight
+trajectories continued from their unchanged token prefix.
 
 The environment is guess_number with a slow step (an installed plugin, ``slow_guess``):
 tiny-random's turns take milliseconds, so without it the whole rollout can pass between
@@ -40,7 +42,7 @@ def test_sigkilled_cli_rollout_resumes_exactly(tmp_path, where):
     ]  # fmt: skip
     with ray_tmpdir() if where == "ray" else contextlib.nullcontext():
         env = {**env, **({"RAY_TMPDIR": os.environ["RAY_TMPDIR"]} if where == "ray" else {})}
-        seen = kill_mid_production(start, run_dir, timeout=600, env=env)  # CI can be slow
+        seen = kill_mid_production(start, run_dir, timeout=600, env=env, main_only=True)
     assert not (run_dir / "trajectories.parquet").exists()
 
     refused = run_session([*cli, "--resume", str(run_dir), "--n", "3"], timeout=120, env=env)

@@ -1,8 +1,10 @@
 """``loomrl serve`` for real: it prints a URL that answers, and SIGTERM stops it with every
-process it started."""
+process it started; so does a SIGKILL of ``loomrl serve`` alone (the server and its engine
+notice their parent is gone), and the port is free again."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import socket
@@ -17,7 +19,8 @@ import pytest
 pytestmark = pytest.mark.e2e
 
 
-def test_serve_prints_a_working_url_and_sigterm_leaves_no_process():
+@pytest.mark.parametrize("how", ["sigterm", "sigkill"])
+def test_serve_prints_a_working_url_and_a_kill_leaves_no_process(how):
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
@@ -25,6 +28,7 @@ def test_serve_prints_a_working_url_and_sigterm_leaves_no_process():
             "--port", str(port), "--kv-cache-gib", "1", "--max-len", "256"]  # fmt: skip
     cli = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                            start_new_session=True)  # fmt: skip
+    family: list[psutil.Process] = []
     try:
         lines = []
         deadline = time.monotonic() + 400
@@ -41,11 +45,21 @@ def test_serve_prints_a_working_url_and_sigterm_leaves_no_process():
         family = psutil.Process(cli.pid).children(recursive=True)
         assert len(family) >= 2  # the server and its engine core
 
-        cli.send_signal(signal.SIGTERM)
-        assert cli.wait(timeout=60) == 0
-        _, alive = psutil.wait_procs(family, timeout=10)
-        assert not alive
+        if how == "sigterm":
+            cli.send_signal(signal.SIGTERM)
+            assert cli.wait(timeout=60) == 0
+        else:  # loomrl serve alone, not its group: nothing runs its cleanup
+            cli.send_signal(signal.SIGKILL)
+            cli.wait(timeout=10)
+        _, alive = psutil.wait_procs(family, timeout=15)
+        assert not alive, [" ".join(p.cmdline())[:100] for p in alive]
+        with socket.socket() as s:  # nothing listens on the port: a new server may bind it
+            s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as servers do
+            s.bind(("127.0.0.1", port))
     finally:
+        for left in family:  # a failed check above: end what outlived the kill
+            with contextlib.suppress(psutil.NoSuchProcess):
+                left.kill()
         if cli.poll() is None:  # the test failed: end what it started (the server has
             for child in psutil.Process(cli.pid).children(recursive=True):  # its own group)
                 child.kill()
