@@ -115,6 +115,9 @@ def start_reaper() -> None:
         return
     mark = uuid.uuid4().hex
     os.environ[reaper.MARK] = mark
+    # setproctitle (Ray's agents, vLLM's processes) writes a long title over the
+    # environment, mark included, unless told not to.
+    os.environ.setdefault("SPT_NOENV", "1")
     _reaper = subprocess.Popen(
         [sys.executable, "-P", str(Path(reaper.__file__)), str(os.getpid()), mark],
         stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,

@@ -21,6 +21,7 @@ GRACE_S = 15
 
 def pytest_configure(config: pytest.Config) -> None:
     os.environ.setdefault(MARK, uuid.uuid4().hex)
+    os.environ.setdefault("SPT_NOENV", "1")  # setproctitle keeps the mark readable
 
 
 def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
