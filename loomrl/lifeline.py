@@ -122,4 +122,6 @@ def start_reaper() -> None:
         [sys.executable, "-P", str(Path(reaper.__file__)), str(os.getpid()), mark],
         stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
         start_new_session=True,  # a kill of this process group leaves it to do its work
+        # Not marked, nor taken for one of the run's processes: no inherited environment.
+        env={k: os.environ[k] for k in ("PATH", "LD_LIBRARY_PATH") if k in os.environ},
     )  # fmt: skip
