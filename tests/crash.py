@@ -152,6 +152,9 @@ def kill_main_only(child: subprocess.Popen[Any], grace_s: float = 15) -> None:
     child.send_signal(signal.SIGKILL)
     child.wait()
     _, alive = psutil.wait_procs(family, timeout=grace_s)
+    for proc in alive:  # named below, but not left running on the machine
+        with contextlib.suppress(psutil.Error):
+            proc.kill()
     if alive:
         left = "; ".join(f"{p.pid}: {names.get(p.pid, '?')}" for p in alive)
         pytest.fail(f"{len(alive)} processes outlived their SIGKILLed parent: {left}")
