@@ -2,13 +2,8 @@
 end: every process the run starts inherits ``MARK`` in its environment (set when pytest
 configures, before xdist starts its workers), so a leftover is found even after it was
 reparented to init; at the end of the run the controlling process waits up to 15 s for
-such processes to exit, then kills and names those left.
-
-It names them without failing the run for now (``FAIL = False``): on the full e2e session
-it finds one Ray cluster (gcs_server, raylet, agents, idle workers) started by the test
-process itself at the time ``tests/e2e/test_ray_actors.py`` starts its cluster, although
-that module's own check (``ray_cluster.assert_gone``) passes and the module run alone leaves
-nothing. Until that leak is found and fixed the run cannot be both green and strict."""
+such processes to exit, then kills and names those left. Any such process fails the run:
+it would hold memory (on a GPU: GPU memory) after the run."""
 
 from __future__ import annotations
 
@@ -23,7 +18,7 @@ MARK = "LOOMRL_TEST_RUN"
 KINDS = ("vllm", "raylet", "gcs_server", "ray::", "ray/_private", "default_worker.py", "bwrap")
 HARNESS = "LOOMRL_HARNESS_SESSION"  # loomrl.harness.program.MARKER
 GRACE_S = 15
-FAIL = False  # see the module docstring
+FAIL = True
 
 
 def pytest_configure(config: pytest.Config) -> None:

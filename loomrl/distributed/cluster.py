@@ -36,6 +36,23 @@ def require_ray() -> Any:
     return ray
 
 
+class RayDisconnected(RuntimeError):
+    """A call through an actor handle after this process left its cluster (``ray.shutdown``):
+    Ray would start a new, empty local cluster for it, which nothing would ever stop."""
+
+
+def connected_ray(what: str) -> Any:
+    """The ``ray`` module while this process is connected to a cluster; else
+    ``RayDisconnected`` naming ``what`` (an engine or env whose actors lived there)."""
+    ray = require_ray()
+    if not ray.is_initialized():
+        raise RayDisconnected(
+            f"{what}: this process is no longer connected to the Ray cluster its actors "
+            "ran on (ray.shutdown() ran); calling them would start a new, empty cluster"
+        )
+    return ray
+
+
 class RayAddressError(ValueError):
     """No Ray cluster answers at the address a run was given (a user error: the address)."""
 

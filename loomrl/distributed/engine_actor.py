@@ -25,8 +25,10 @@ from pathlib import Path
 from typing import Any
 
 from loomrl.distributed.cluster import (
+    RayDisconnected,
     actor_options,
     check_room,
+    connected_ray,
     dead_actor_errors,
     require_ray,
 )
@@ -220,6 +222,8 @@ class RayEngine:
             return
         self._closed = True
         ray = require_ray()
+        if not ray.is_initialized():  # the cluster went first, and its actors with it
+            return
         with contextlib.suppress(EngineUnavailable, TimeoutError):
             async with asyncio.timeout(60):
                 await self._call("close")
@@ -239,7 +243,10 @@ class RayEngine:
     async def _call(self, method: str, *args: Any) -> Any:
         """Await the actor method; a dead actor is ``EngineUnavailable``, a cancelled
         caller cancels the actor's task (its engine aborts the request)."""
-        ray = require_ray()
+        try:
+            ray = connected_ray(self.name)
+        except RayDisconnected as exc:
+            raise EngineUnavailable(str(exc)) from None
         ref = getattr(self._actor, method).remote(*args)
         try:
             return await ref

@@ -34,8 +34,10 @@ from collections.abc import Mapping
 from typing import Any
 
 from loomrl.distributed.cluster import (
+    RayDisconnected,
     actor_options,
     check_room,
+    connected_ray,
     dead_actor_errors,
     require_ray,
 )
@@ -219,7 +221,8 @@ class RayEnvironment(Environment):
         ray = require_ray()
         for slot in self._slots:
             with contextlib.suppress(Exception):
-                ray.kill(slot.actor, no_restart=True)
+                if ray.is_initialized():  # else the cluster went first, with its actors
+                    ray.kill(slot.actor, no_restart=True)
             slot.dead = slot.dead or "closed"
 
     # -- the environment contract --------------------------------------------------------
@@ -267,7 +270,7 @@ class RayEnvironment(Environment):
         slot = self._slots[place["slot"]]
         place["slot"] = None  # a later call (a resumed episode) restores it first
         slot.episodes = max(0, slot.episodes - 1)
-        if slot.dead is None:
+        if slot.dead is None and require_ray().is_initialized():
             with contextlib.suppress(Exception):
                 slot.actor.cleanup.remote(place["episode"])
 
@@ -295,11 +298,22 @@ class RayEnvironment(Environment):
         return str(state.data[_KEY]["episode"])
 
     def _pick(self) -> _Slot:
+        self._check_connected()
         live = [slot for slot in self._slots if slot.dead is None]
         if not live:
             reasons = "; ".join(f"actor {s.index} (pid {s.pid}): {s.dead}" for s in self._slots)
             raise EnvActorDied(f"{self.name}: every env actor is gone ({reasons})")
         return min(live, key=lambda slot: slot.episodes)
+
+    def _check_connected(self) -> None:
+        """Every actor is out of reach once this process left the cluster: a call through
+        their handles would start a new, empty one (``RayDisconnected``)."""
+        try:
+            connected_ray(self.name)
+        except RayDisconnected as exc:
+            for slot in self._slots:
+                slot.dead = slot.dead or "Ray disconnected"
+            raise EnvActorDied(str(exc)) from None
 
     async def _on(self, slot: _Slot, ref: Any) -> Any:
         """Await an actor call; a dead actor is marked and becomes ``EnvActorDied``."""
@@ -330,6 +344,7 @@ class RayEnvironment(Environment):
             slot = self._slots[place["slot"]]
             new = state.messages[place["synced"] :]
             try:
+                self._check_connected()
                 if slot.dead is not None:
                     raise EnvActorDied(self._died(slot))
                 return await self._on(slot, send(slot, new))

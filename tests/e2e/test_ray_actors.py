@@ -17,7 +17,7 @@ from ray_cluster import ray_tmpdir
 import loomrl
 from loomrl.distributed.cluster import connect
 from loomrl.distributed.engine_actor import start_engine_actors
-from loomrl.distributed.env_actor import RayEnvironment
+from loomrl.distributed.env_actor import _KEY, RayEnvironment
 from loomrl.engines import EnginePool, load
 from loomrl.types import SamplingParams, Status
 
@@ -62,20 +62,35 @@ def _check_all_once(results, count: int, check_contract) -> None:
             check_contract(traj)
 
 
+def _kill_on_first_step(env: RayEnvironment, victim) -> list[int]:
+    """SIGKILL ``victim`` just before the first step of an episode open on it is sent: that
+    episode needs the dead actor (a kill on a timer may land while the victim's episodes
+    are still opening, which the other actor then opens: nothing to move or lose)."""
+    killed: list[int] = []
+    send_step = env.step
+
+    async def step(state, message):
+        if not killed and state.data[_KEY]["slot"] == victim.index:
+            os.kill(victim.pid, signal.SIGKILL)
+            killed.append(victim.pid)
+        return await send_step(state, message)
+
+    env.step = step  # type: ignore[method-assign]
+    return killed
+
+
 @pytest.mark.parametrize("on_death", ["retry", "fail"])
 async def test_an_env_actor_killed_mid_rollout(engines, on_death, check_contract):
     pool = EnginePool(engines, health_interval_s=0.5)
     env = await RayEnvironment.start("guess_number", {}, actors=2, on_actor_death=on_death)
     victim = env._slots[0]
     try:
-        killer = asyncio.create_task(
-            _kill_when(lambda: victim.episodes >= 2 and pool.in_flight > 0, victim.pid)
-        )
+        killed = _kill_on_first_step(env, victim)
         results = await loomrl.rollout(
             pool, env, env.dataset(8, seed=5), n=2, max_len=MAX_LEN, sampling=SAMPLING,
             on_error="isolate", env_timeout=60, concurrency=8,
         )  # fmt: skip
-        assert killer.done()
+        assert killed == [victim.pid]
         _check_all_once(results, 16, check_contract)
         errors = [t for t in results if t.status == Status.ERROR]
         metrics = env.metrics()
