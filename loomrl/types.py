@@ -26,6 +26,7 @@ class SamplingParams:
     temperature: float = 1.0
     top_p: float = 1.0
     top_k: int = -1
+    min_p: float = 0.0  # drop tokens below min_p × the most probable one's probability
     min_tokens: int = 0
     stop: tuple[str, ...] = ()
     stop_token_ids: tuple[int, ...] = ()
@@ -52,6 +53,8 @@ class SamplingParams:
             problems.append(f"top_p must be in (0, 1], got {self.top_p}")
         if self.top_k == 0 or self.top_k < -1:
             problems.append(f"top_k must be -1 (off) or >= 1, got {self.top_k}")
+        if not 0 <= self.min_p < 1:
+            problems.append(f"min_p must be in [0, 1), got {self.min_p}")
         if not 0 <= self.min_tokens <= self.max_tokens:
             problems.append(f"min_tokens must be in [0, max_tokens], got {self.min_tokens}")
         if any(not s for s in self.stop):

@@ -10,7 +10,7 @@ from loomrl.types import SamplingParams
 
 # Every sampling knob SamplingParams has no field for, at the value VLLMEngine uses.
 NEUTRAL = {"repetition_penalty": 1.0, "presence_penalty": 0.0, "frequency_penalty": 0.0,
-           "min_p": 0.0, "n": 1}  # fmt: skip
+           "n": 1}  # fmt: skip
 
 
 def sampling_fields(params: SamplingParams, max_tokens: int) -> dict[str, Any]:
@@ -20,6 +20,7 @@ def sampling_fields(params: SamplingParams, max_tokens: int) -> dict[str, Any]:
         "temperature": params.temperature,
         "top_p": params.top_p,
         "top_k": params.top_k if params.top_k > 0 else 0,
+        "min_p": params.min_p,
         "min_tokens": params.min_tokens,
         "stop": list(params.stop),
         "stop_token_ids": list(params.stop_token_ids),

@@ -307,6 +307,7 @@ class VLLMEngine:
             temperature=params.temperature,
             top_p=params.top_p,
             top_k=params.top_k if params.top_k > 0 else 0,
+            min_p=params.min_p,
             min_tokens=params.min_tokens,
             stop=list(params.stop),
             stop_token_ids=list(params.stop_token_ids),

@@ -8,10 +8,11 @@ environment tokens alike) and 0 elsewhere, the same alignment as ``batch.logprob
 Only the logits that predict completion tokens are computed (transformers'
 ``logits_to_keep`` when the model has it), and the log-softmax runs in row chunks, so
 long prompts cost a forward pass but no vocabulary-sized memory. ``temperature`` divides
-the logits first: vLLM's sampling logprobs are those of the temperature-scaled
-distribution (top-p / top-k renormalisation is not modelled). A token the batch records
-another sampling temperature for (``Batch.temperatures``: FIRE's hot first tokens) is
-scored at that one, so importance ratios compare like with like.
+the logits first and ``truncation`` (``loomrl.experience.truncation``) then masks what the
+sampler's min-p / top-k / top-p cut: vLLM's sampling logprobs are those of that processed
+distribution. A token the batch records another sampling temperature for
+(``Batch.temperatures``: FIRE's hot first tokens) is scored at that one, so importance
+ratios compare like with like.
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ import torch
 from torch import Tensor
 
 from loomrl.experience.batch import Batch
+from loomrl.experience.truncation import NONE, Truncation
 from loomrl.vision.pixels import Pixels
 
 SOFTMAX_CHUNK_ROWS = 1024
@@ -117,7 +119,12 @@ def _sliced(values: Tensor | None, rows: slice, cols: slice) -> Tensor | None:
 
 @torch.no_grad()
 def compute_logprobs(
-    model: torch.nn.Module, batch: Batch, *, temperature: float = 1.0, max_tokens: int = 2048
+    model: torch.nn.Module,
+    batch: Batch,
+    *,
+    temperature: float = 1.0,
+    max_tokens: int = 2048,
+    truncation: Truncation = NONE,
 ) -> Tensor:
     """Logprob of every completion token of ``batch`` under ``model`` (float32, CPU,
     shaped like ``batch.input_ids``; 0 on prompt and padding). The model runs in eval mode
@@ -127,17 +134,25 @@ def compute_logprobs(
     model.eval()
     try:
         for mb in micro_batches(batch, max_tokens):
-            lp = forward_logprobs(model, mb, temperature=temperature)
+            lp = forward_logprobs(model, mb, temperature=temperature, truncation=truncation)
             out[mb.rows, mb.cols] = lp.float().cpu()
     finally:
         model.train(was_training)
     return out
 
 
-def forward_logprobs(model: torch.nn.Module, mb: MicroBatch, *, temperature: float = 1.0) -> Tensor:
+def forward_logprobs(
+    model: torch.nn.Module,
+    mb: MicroBatch,
+    *,
+    temperature: float = 1.0,
+    truncation: Truncation = NONE,
+) -> Tensor:
     """One forward pass: ``[b, n]`` logprobs of the wanted tokens (0 elsewhere), with
     autograd when enabled."""
-    return forward_scores(model, mb, temperature=temperature, entropy=False)[0]
+    return forward_scores(model, mb, temperature=temperature, entropy=False, truncation=truncation)[
+        0
+    ]
 
 
 def forward_scores(
@@ -147,6 +162,7 @@ def forward_scores(
     temperature: float = 1.0,
     entropy: bool = True,
     entropy_grad: bool = False,
+    truncation: Truncation = NONE,
 ) -> tuple[Tensor, Tensor | None]:
     """``forward_logprobs`` plus, if ``entropy``, the entropy ``[b, n]`` of each wanted
     token's predictive distribution: detached (the learner logs it), or with autograd when
@@ -175,7 +191,7 @@ def forward_scores(
         logits = model(**inputs).logits[:, cols]  # [b, k, V]
     targets = inputs["input_ids"][:, cols + 1]  # [b, k]
     scale = _temperatures(mb, cols, temperature, device)  # float, or [b, k]
-    picked, spread = _target_logprobs(logits, targets, scale, entropy, entropy_grad)
+    picked, spread = _target_logprobs(logits, targets, scale, entropy, entropy_grad, truncation)
     where = (torch.arange(b, device=device)[:, None], (cols + 1)[None, :])
     zeros = torch.zeros_like(out)
     logprobs = torch.where(want, out.index_put(where, picked), zeros)
@@ -206,9 +222,11 @@ def _target_logprobs(
     temperature: float | Tensor,
     entropy: bool,
     grad: bool = False,
+    truncation: Truncation = NONE,
 ) -> tuple[Tensor, Tensor | None]:
-    """``log_softmax(logits / T)[target]`` in float32 (and the detached entropy), in row
-    chunks to bound memory; ``T`` is one temperature or one per target (``[b, k]``)."""
+    """``log_softmax(truncated(logits / T))[target]`` in float32 (and the detached
+    entropy of that distribution), in row chunks to bound memory; ``T`` is one temperature
+    or one per target (``[b, k]``)."""
     b, k, vocab = logits.shape
     flat, flat_targets = logits.reshape(b * k, vocab), targets.reshape(b * k)
     per_row = temperature.reshape(b * k, 1) if isinstance(temperature, Tensor) else None
@@ -219,12 +237,16 @@ def _target_logprobs(
             chunk = chunk / per_row[start : start + SOFTMAX_CHUNK_ROWS]
         elif temperature != 1.0:
             chunk = chunk / temperature
+        chunk_targets = flat_targets[start : start + SOFTMAX_CHUNK_ROWS]
+        chunk = truncation.apply(chunk, chunk_targets)
         norm = torch.logsumexp(chunk, dim=1)
-        picked = chunk.gather(1, flat_targets[start : start + SOFTMAX_CHUNK_ROWS, None])[:, 0]
+        picked = chunk.gather(1, chunk_targets[:, None])[:, 0]
         pieces.append(picked - norm)
         if entropy:
             with torch.set_grad_enabled(grad and torch.is_grad_enabled()):
                 logp = chunk - norm[:, None]
+                if truncation.active:  # p log p is 0 where the sampler cut (p = 0)
+                    logp = torch.where(torch.isinf(logp), 0.0, logp)
                 spreads.append(-(logp.exp() * logp).sum(dim=1))
     spread = torch.cat(spreads).reshape(b, k) if entropy else None
     return torch.cat(pieces).reshape(b, k), spread

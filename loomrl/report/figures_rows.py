@@ -19,6 +19,17 @@ LEARNER = (
     ("sampler_learner_abs_gap", "Learner-vs-sampler logprob gap |Δ|"),
     ("is_weight", "Importance weight (mean)"), ("loss", "Loss"), ("lr", "Learning rate"),
 )  # fmt: skip
+#: Sampler-vs-learner mismatch and what the correction did (``loomrl.train.mismatch``).
+MISMATCH = (
+    ("mismatch-kl", "KL(sampler ‖ learner) per token (k3)", [("mismatch_kl", "k3")]),
+    ("mismatch-gap", "Logprob gap |log ρ| before the update",
+     [("logprob_gap_mean", "mean"), ("logprob_gap_p99", "p99")]),
+    ("mismatch-ratio", "Importance ratio ρ (mean)", [("is_ratio_mean", "ρ")]),
+    ("mismatch-correction", "Correction: fraction masked or truncated",
+     [("correction_masked_tokens", "tokens masked"),
+      ("correction_masked_seqs", "sequences with a masked token"),
+      ("correction_truncated_tokens", "tokens truncated")]),
+)  # fmt: skip
 PHASES = (("rollout_s", "rollout"), ("experience_s", "experience"), ("learner_s", "learner"),
           ("sync_s", "sync"))  # fmt: skip
 BUSY = (("generate_s", "generate"), ("env_s", "env"), ("score_s", "score"))
@@ -62,6 +73,11 @@ def row_plots(runs: Sequence[Run], plots: Plots) -> None:
         plots.add(
             Figure(f"learner-{key}", "Learner", title, lines_of(runs, [(key, key)])),
             "no learner steps (a rollout run, or every batch was skipped)",
+        )
+    for name, title, keys in MISMATCH:
+        plots.add(
+            Figure(name, "Mismatch", title, lines_of(runs, keys)),
+            "no mismatch metrics (a rollout run, or a run from before they were measured)",
         )
     for r, run in enumerate(runs):
         bars = []

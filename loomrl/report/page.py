@@ -13,7 +13,7 @@ from typing import Any
 from loomrl.report.figures import Figure, Plots
 from loomrl.report.load import Run
 
-SECTIONS = ("Reward", "Length", "Learner", "Time", "Producer")
+SECTIONS = ("Reward", "Length", "Learner", "Mismatch", "Time", "Producer")
 
 
 def plotly_js() -> str:

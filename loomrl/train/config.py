@@ -26,8 +26,10 @@ from loomrl.distributed.config import RayConfig
 from loomrl.engines.replicas import check_replicas
 from loomrl.episode.turn_rewards import TurnReward
 from loomrl.experience.shaping_config import ShapingConfig
+from loomrl.experience.truncation import Truncation
 from loomrl.models import DEFAULT_MODEL
 from loomrl.rewards.config import RewardConfig
+from loomrl.train import offpolicy_fields as offpolicy
 from loomrl.train.config_rules import check_knobs, check_pool, check_single_env
 from loomrl.train.critic import CriticConfig, check_critic
 from loomrl.train.learner import LearnerConfig
@@ -64,6 +66,9 @@ class TrainConfig(BaseModel):
     temperature: float = Field(
         1.0, gt=0, allow_inf_nan=False, description="sampling (and learner) temperature"
     )
+    top_p: float = offpolicy.TOP_P
+    top_k: int = offpolicy.TOP_K
+    min_p: float = offpolicy.MIN_P
     first_token_temperature: float | None = FIRST_TOKEN_TEMPERATURE
     first_tokens: int = FIRST_TOKENS
     fire_turns: Literal["all", "first"] = FIRE_TURNS
@@ -99,6 +104,8 @@ class TrainConfig(BaseModel):
     estimator: str = Field("grpo", description="advantage estimator (loomrl.algos registry)")
     estimator_options: dict[str, Any] = Field(default_factory=dict, description="its options")
     drop_zero_variance: bool = Field(False, description="drop groups whose rewards all agree")
+    dynamic_sampling: bool = offpolicy.DYNAMIC_SAMPLING
+    max_draw_batches: int = offpolicy.MAX_DRAW_BATCHES
     layout: Literal["packed", "padded"] = Field(
         "padded", description="training batch layout (packed pays off with varlen attention)"
     )
@@ -127,6 +134,11 @@ class TrainConfig(BaseModel):
     is_cap: float | None = Field(
         2.0, gt=0, description="truncated importance weight cap for the sampler gap (None: off)"
     )
+    correction: offpolicy.Correction = offpolicy.CORRECTION
+    dual_clip: float | None = offpolicy.DUAL_CLIP
+    shuffle_mini_batches: bool = offpolicy.SHUFFLE
+    correction_low: float | None = offpolicy.CORRECTION_LOW
+    correction_high: float | None = offpolicy.CORRECTION_HIGH
     loss: Literal["pg", "gspo", "cpgd", "cispo"] = Field(
         "pg",
         description="policy loss: 'pg' token-level clipped PG, 'gspo' sequence-level ratio, "
@@ -258,6 +270,7 @@ class TrainConfig(BaseModel):
         """The loss, shaping, KL and sync knobs' cross-field rules
         (``loomrl.train.config_rules``)."""
         check_knobs(self)
+        self.learner().corrector()  # its band: low < high
         return self
 
     @field_validator("prompts_per_step")
@@ -319,12 +332,16 @@ class TrainConfig(BaseModel):
             total_steps=self.steps if self.cosine_decay else 0,
             max_grad_norm=self.max_grad_norm, clip_low=self.clip_low, clip_high=self.clip_high,
             aggregation=self.aggregation, constant_normaliser=self.constant_normaliser,
-            kl_coef=self.kl_coef, is_cap=self.is_cap, temperature=self.temperature,
+            kl_coef=self.kl_coef, is_cap=self.is_cap, correction=self.correction,
+            correction_low=self.correction_low, correction_high=self.correction_high,
+            temperature=self.temperature,
+            truncation=Truncation(self.top_p, self.top_k, self.min_p),
             max_tokens=self.micro_batch_tokens,
             autocast=self.resolved_autocast(),
             loss=self.loss, drift_coef=self.drift_coef, ppo_epochs=self.ppo_epochs,
             mini_batch_size=self.mini_batch_size, old_logprobs=self.old_logprobs,
             kl_estimator=self.kl_estimator, entropy_coef=self.entropy_coef,
+            shuffle=self.shuffle_mini_batches, seed=self.seed, dual_clip=self.dual_clip,
         )  # fmt: skip
 
     def shaping(self) -> ShapingConfig:

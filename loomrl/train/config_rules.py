@@ -18,6 +18,8 @@ def check_knobs(config: TrainConfig) -> None:
     ``reward_clip`` to its symmetric bounds."""
     if config.drift_coef and config.loss != "cpgd":
         raise ValueError(f"drift_coef is cpgd's; loss = {config.loss!r} has no policy drift")
+    if config.dual_clip is not None and config.loss != "pg":
+        raise ValueError(f"dual_clip is pg's; loss = {config.loss!r} has no dual clip")
     if config.loss == "cpgd" and config.clip_low >= 1:
         raise ValueError(
             f"loss = 'cpgd' clips ln ρ at ln(1 - clip_low): clip_low must be < 1, "

@@ -22,10 +22,13 @@ from typing import Any
 import torch
 from torch import Tensor
 
+from loomrl.algos.corrections import Correction, correct
 from loomrl.experience import Batch, compute_logprobs, forward_scores, micro_batches
+from loomrl.experience.truncation import NONE, Truncation
 from loomrl.train import minibatch
 from loomrl.train.losses import compute as compute_loss
 from loomrl.train.losses import token_weights
+from loomrl.train.mismatch import MismatchMeter
 
 
 @dataclass(frozen=True)
@@ -43,8 +46,12 @@ class LearnerConfig:
     aggregation: str = "token-mean"
     constant_normaliser: float = 1024.0
     kl_coef: float = 0.0
-    is_cap: float | None = None
+    is_cap: float | None = None  # the cap C of tis / seq_tis / mis; None turns tis off
+    correction: str = "tis"  # a name in loomrl.algos.corrections.CORRECTIONS
+    correction_low: float | None = None  # the band of icepop / seq_mask / geo_mask
+    correction_high: float | None = None
     temperature: float = 1.0
+    truncation: Truncation = NONE  # the sampler's top-p / top-k / min-p, replayed
     max_tokens: int = 2048
     autocast: str | None = "bfloat16"  # matmul dtype of forward/backward; weights keep theirs
     loss: str = "pg"  # a name in loomrl.train.losses.LOSSES
@@ -54,6 +61,16 @@ class LearnerConfig:
     old_logprobs: str = "learner"  # "learner" (recomputed) | "sampler" (the engine's)
     kl_estimator: str = "k3"  # of the KL-in-loss term: "k1" | "k2" | "k3"
     entropy_coef: float = 0.0  # entropy bonus: the loss minus c · Σ_t w_t H_t
+    shuffle: bool = True  # mini-batches of samples reshuffled every epoch (when > 1)
+    seed: int = 0  # of that shuffle
+    dual_clip: float | None = None  # pg: cap -A·c on the loss of A < 0 tokens (c > 1)
+
+    def corrector(self) -> Correction:
+        """The named correction; the default ``tis`` with ``is_cap = None`` is none."""
+        name = "none" if self.correction == "tis" and self.is_cap is None else self.correction
+        return Correction(
+            name, cap=self.is_cap or 2.0, low=self.correction_low, high=self.correction_high
+        )
 
 
 def sample_of_token(batch: Batch) -> Tensor:
@@ -77,6 +94,7 @@ class Learner:
         if config.kl_coef and reference is None:
             raise ValueError(f"kl_coef={config.kl_coef} needs a frozen reference model")
         self.model, self.config, self.reference = model, config, reference
+        self.correction = config.corrector()
         self.optimizer = torch.optim.AdamW(
             [p for p in model.parameters() if p.requires_grad],
             lr=config.lr, betas=config.betas, weight_decay=config.weight_decay,
@@ -103,19 +121,21 @@ class Learner:
             ref_device = next(self.reference.parameters()).device
             with self._autocast(ref_device):  # the same numerics as the policy's logprobs
                 ref = compute_logprobs(
-                    self.reference, batch, temperature=cfg.temperature, max_tokens=cfg.max_tokens
-                )
+                    self.reference, batch, temperature=cfg.temperature,
+                    max_tokens=cfg.max_tokens, truncation=cfg.truncation,
+                )  # fmt: skip
         spans = minibatch.ranges(batch.num_samples, cfg.mini_batch_size)
         old = self._old_logprobs(batch, cfg.ppo_epochs * len(spans))
         lr = self.scheduler.get_last_lr()[0]
         updates: list[dict[str, float]] = []
-        for _ in range(cfg.ppo_epochs):
+        meter = MismatchMeter()  # over the first epoch: every token once, against π_old
+        for epoch in range(cfg.ppo_epochs):
+            mixed, extra = self._epoch_order(batch, epoch, len(spans), old, ref)
             for first, end in spans:
-                extra = [t for t in (old, ref) if t is not None]
-                sub, sliced = minibatch.select(batch, first, end, *extra)
+                sub, sliced = minibatch.select(mixed, first, end, *extra)
                 sub_old = sliced.pop(0) if old is not None else None
                 sub_ref = sliced.pop(0) if ref is not None else None
-                updates.append(self._update(sub, sub_old, sub_ref))
+                updates.append(self._update(sub, sub_old, sub_ref, meter if epoch == 0 else None))
         self.scheduler.step()
         self.steps += 1
         mean = {k: sum(u[k] for u in updates) / len(updates) for k in updates[0]}
@@ -129,10 +149,25 @@ class Learner:
             "ppo_updates": float(len(updates)),
             "micro_batches": mean["micro_batches"],
             "sampler_learner_abs_gap": mean["gap"],
+            **meter.metrics(),
             "lr": lr,
             "trained_tokens": float(batch.loss_mask.sum()),
             "learner_s": time.perf_counter() - started,
         }
+
+    def _epoch_order(
+        self, batch: Batch, epoch: int, spans: int, *aligned: Tensor | None
+    ) -> tuple[Batch, list[Tensor]]:
+        """The batch (and its aligned old / reference logprobs) in this epoch's sample
+        order: a seeded shuffle per (step, epoch) when there are several mini-batches."""
+        present = [t for t in aligned if t is not None]
+        if spans == 1 or not self.config.shuffle:
+            return batch, present
+        gen = torch.Generator().manual_seed(
+            self.config.seed * 1_000_003 + self.steps * 1009 + epoch
+        )
+        order = torch.randperm(batch.num_samples, generator=gen).tolist()
+        return minibatch.permute(batch, order, *present)
 
     def _old_logprobs(self, batch: Batch, updates: int) -> Tensor | None:
         """π_old's logprobs for the whole batch, taken before any update: the sampler's,
@@ -150,11 +185,15 @@ class Learner:
         device = next(self.model.parameters()).device
         with self._autocast(device):  # the numerics of the update's own forward pass
             return compute_logprobs(
-                self.model, batch, temperature=cfg.temperature, max_tokens=cfg.max_tokens
-            )
+                self.model, batch, temperature=cfg.temperature, max_tokens=cfg.max_tokens,
+                truncation=cfg.truncation,
+            )  # fmt: skip
 
-    def _update(self, batch: Batch, old: Tensor | None, ref: Tensor | None) -> dict[str, float]:
-        """One optimizer step on a (mini-)batch; its token-mean diagnostics."""
+    def _update(
+        self, batch: Batch, old: Tensor | None, ref: Tensor | None, meter: MismatchMeter | None
+    ) -> dict[str, float]:
+        """One optimizer step on a (mini-)batch; its token-mean diagnostics (and the
+        sampler gap into ``meter``)."""
         cfg = self.config
         owner = sample_of_token(batch)
         weights = token_weights(
@@ -171,14 +210,21 @@ class Learner:
             at = (mb.rows, mb.cols)
             with self._autocast(device):
                 logp, entropy = forward_scores(
-                    self.model, mb, temperature=cfg.temperature, entropy_grad=cfg.entropy_coef > 0
-                )
+                    self.model, mb, temperature=cfg.temperature,
+                    entropy_grad=cfg.entropy_coef > 0, truncation=cfg.truncation,
+                )  # fmt: skip
             mb_old = logp.detach() if old is None else old[at].to(device)
             sampler = batch.logprobs[at].to(device)
+            mb_owner = owner[at].to(device)
+            model_owner = torch.where(batch.loss_mask[at].to(device) > 0, mb_owner, -1)
+            corrected = correct(self.correction, mb_old, sampler, model_owner, batch.num_samples)
+            if meter is not None:  # the learner before this step's updates vs the sampler
+                before = logp.detach() if cfg.old_logprobs == "sampler" else mb_old
+                meter.add(before - sampler, corrected, model_owner, batch.num_samples)
             parts = compute_loss(
                 cfg.loss, logp, mb_old, batch.advantages[at].to(device), weights[at].to(device),
-                owner=owner[at].to(device), clip_low=cfg.clip_low, clip_high=cfg.clip_high,
-                drift_coef=cfg.drift_coef, sampler=sampler, is_cap=cfg.is_cap,
+                owner=mb_owner, clip_low=cfg.clip_low, clip_high=cfg.clip_high,
+                drift_coef=cfg.drift_coef, is_weight=corrected.weight, dual_clip=cfg.dual_clip,
                 ref=None if ref is None else ref[at].to(device), kl_coef=cfg.kl_coef,
                 kl_estimator=cfg.kl_estimator,
             )  # fmt: skip

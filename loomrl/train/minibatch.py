@@ -1,10 +1,14 @@
 """PPO mini-batches: consecutive runs of whole samples of a training batch, each a
-``Batch`` of its own (so its loss is normalised over its own tokens)."""
+``Batch`` of its own (so its loss is normalised over its own tokens); ``permute`` reorders
+a batch's samples first, so that each epoch's mini-batches mix other samples (the batch
+arrives group after group: unshuffled, a mini-batch would hold a few whole groups)."""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import replace
 
+import torch
 from torch import Tensor
 
 from loomrl.experience import Batch
@@ -49,3 +53,39 @@ def select(batch: Batch, first: int, end: int, *aligned: Tensor) -> tuple[Batch,
         pixels=None if batch.pixels is None else batch.pixels.of_samples(first, end),
     )  # fmt: skip
     return sub, [t[at] for t in aligned]
+
+
+def permute(batch: Batch, order: Sequence[int], *aligned: Tensor) -> tuple[Batch, list[Tensor]]:
+    """``batch`` with its samples in ``order`` (a permutation of their indices), and each
+    token-aligned tensor of ``aligned`` reordered the same way."""
+    rows = torch.tensor(list(order), dtype=torch.long)
+    if batch.layout == "padded":
+
+        def take(t: Tensor) -> Tensor:
+            return t[rows]
+
+        cu = None
+    else:
+        assert batch.cu_seqlens is not None
+        bounds = batch.cu_seqlens.tolist()
+        cols = torch.cat([torch.arange(bounds[i], bounds[i + 1]) for i in order])
+
+        def take(t: Tensor) -> Tensor:
+            return t[:, cols]
+
+        lengths = (batch.cu_seqlens[1:] - batch.cu_seqlens[:-1])[rows]
+        cu = torch.cat([lengths.new_zeros(1), lengths.cumsum(0)]).to(batch.cu_seqlens.dtype)
+    moved = replace(
+        batch,
+        input_ids=take(batch.input_ids), position_ids=take(batch.position_ids),
+        attention_mask=None if batch.attention_mask is None else take(batch.attention_mask),
+        cu_seqlens=cu, loss_mask=take(batch.loss_mask), logprobs=take(batch.logprobs),
+        advantages=take(batch.advantages), returns=take(batch.returns),
+        prompt_lengths=batch.prompt_lengths[rows],
+        completion_lengths=batch.completion_lengths[rows],
+        group_ids=batch.group_ids[rows], example_ids=batch.example_ids[rows],
+        policy_versions=batch.policy_versions[rows], rewards=batch.rewards[rows],
+        temperatures=None if batch.temperatures is None else take(batch.temperatures),
+        pixels=None if batch.pixels is None else batch.pixels.in_order(order),
+    )  # fmt: skip
+    return moved, [take(t) for t in aligned]

@@ -33,9 +33,9 @@ PRESETS: dict[str, tuple[dict[str, Any], str]] = {
     "dapo": (
         {"estimator": "grpo", "estimator_options": {}, "loss": "pg",
          "aggregation": "token-mean", "clip_low": 0.2, "clip_high": 0.28, "kl_coef": 0.0,
-         "drop_zero_variance": True},
-        "DAPO (Yu et al. 2025): clip-higher (0.2 / 0.28), token-level mean, no KL, groups "
-        "whose rewards all agree dropped (dynamic sampling without refill), soft overlong "
+         "dynamic_sampling": True},
+        "DAPO (Yu et al. 2025): clip-higher (0.2 / 0.28), token-level mean, no KL, dynamic "
+        "sampling (groups whose rewards all agree dropped and replaced), soft overlong "
         "penalty over the last fifth of the generation budget (the paper: 4096 of 20480 "
         "tokens), factor 1",
     ),

@@ -4,7 +4,7 @@ the producer that samples groups of them into the replay buffer."""
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any
 
 from loomrl.data import Drawn
@@ -13,6 +13,7 @@ from loomrl.envs.scored import RubricEnv, with_reward
 from loomrl.episode.turn_rewards import counting_turns
 from loomrl.producer import AsyncProducer, ProducerConfig, ReplayBuffer, SyncProducer, Task
 from loomrl.producer.metrics import producer_metrics
+from loomrl.producer.progress import Progress
 from loomrl.train.config import TrainConfig
 from loomrl.train.eval_set import EvalTask
 from loomrl.types import SamplingParams
@@ -69,15 +70,30 @@ def make_producer(
             n=config.n, batch_size=config.prompts_per_step, max_staleness=config.max_staleness,
             partial_rollout=config.partial_rollout,
             over_sample_threshold=config.over_sample_threshold,
+            drop_zero_variance=config.dynamic_sampling,  # filtered as they finish: refilled
         ),
+        should_continue=draw_cap(config) if config.dynamic_sampling else None,
         buffer=buffer, max_turns=config.max_turns, max_len=config.max_len,
         concurrency=config.concurrency, env_timeout=config.env_timeout, on_error="isolate",
         sampling=SamplingParams(
             max_tokens=config.max_tokens, temperature=config.temperature, seed=config.seed,
+            top_p=config.top_p, top_k=config.top_k, min_p=config.min_p,
             first_token_temperature=config.first_token_temperature,
             first_tokens=config.first_tokens, fire_turns=config.fire_turns,
         ),
     )  # fmt: skip
+
+
+def draw_cap(config: TrainConfig) -> Callable[[Progress], bool]:
+    """Dynamic sampling's cap: groups may be drawn while fewer than ``max_draw_batches``
+    batches' worth were drawn per step served so far (and this one), so a task whose
+    groups all agree cannot draw its whole dataset into one step."""
+    per_step = config.max_draw_batches * config.prompts_per_step
+
+    def may_draw(progress: Progress) -> bool:
+        return progress.total("launched") < (progress.step + 1) * per_step
+
+    return may_draw
 
 
 def ran_out(step: int, producer: SyncProducer) -> str:
@@ -85,6 +101,14 @@ def ran_out(step: int, producer: SyncProducer) -> str:
     every group fails (e.g. a text-only model given an env's images), so the first failure
     is named rather than left in the buffer's log."""
     why = f"step {step}: the tasks' datasets ran out of examples"
+    progress = producer.progress
+    if producer.config.drop_zero_variance and progress.total("filtered"):
+        why = (
+            f"step {step}: dynamic sampling found no group with reward variance: "
+            f"{progress.total('filtered')} of {progress.total('launched')} groups drawn so far "
+            "had every reward equal, and the draw cap (max_draw_batches) or the data ran out "
+            "(the task is too easy or too hard for the model, or its reward too coarse)"
+        )
     failures = producer.failures
     if not failures.records:
         return why

@@ -92,7 +92,11 @@ class Shaper:
             with torch.autocast(device.type, dtype=dtype, enabled=dtype is not None):
                 scored.append(
                     compute_logprobs(
-                        model, batch, temperature=cfg.temperature, max_tokens=cfg.max_tokens
+                        model,
+                        batch,
+                        temperature=cfg.temperature,
+                        max_tokens=cfg.max_tokens,
+                        truncation=cfg.truncation,
                     )
                 )
         return scored[0], scored[1]

@@ -70,6 +70,7 @@ def rollout_metrics(
         "completion_tokens_mean": m.generated_tokens_mean,
         "turns_mean": m.turns_mean,
         "error_rate": failed / finished if finished > 0 else 0.0,
+        "groups_drawn": since("producer/groups_launched"),  # > prompts_per_step: refills
         "generate_s": m.generate_s,
         "env_s": m.env_s,
         "score_s": m.score_s,

@@ -49,6 +49,13 @@ class Pixels:
         mask = None if self.mask is None else self.mask[rows]
         return Pixels(self.values[rows], mask, self.counts[first:end])
 
+    def in_order(self, order: Sequence[int]) -> Pixels:
+        """The images of the samples ``order`` (sample indices), in that order."""
+        at = self.offsets()
+        rows = torch.tensor([k for i in order for k in range(at[i], at[i + 1])], dtype=torch.long)
+        mask = None if self.mask is None else self.mask[rows]
+        return Pixels(self.values[rows], mask, self.counts[list(order)])
+
     def to(self, device: torch.device | str) -> Pixels:
         mask = None if self.mask is None else self.mask.to(device)
         return Pixels(self.values.to(device), mask, self.counts.to(device))

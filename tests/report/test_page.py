@@ -31,7 +31,8 @@ def test_every_plot_element_has_a_figure_with_data(train_dirs):
     assert ids == [f["id"] for f in figures]
     assert {"reward", "length", "turns", "outcomes", "learner-entropy", "learner-kl",
             "learner-grad_norm", "learner-clip_frac", "learner-sampler_learner_abs_gap",
-            "learner-is_weight", "time-0", "time-1", "busy", "tokens-per-s", "staleness",
+            "learner-is_weight", "mismatch-kl", "mismatch-gap", "mismatch-ratio",
+            "mismatch-correction", "time-0", "time-1", "busy", "tokens-per-s", "staleness",
             "producer-events", "tokens-unused", "length-bias"} <= set(ids)  # fmt: skip
     for figure in figures:
         assert figure["data"], figure["id"]

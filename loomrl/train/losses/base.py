@@ -33,6 +33,7 @@ def finish(
     sampler: Tensor | None,
     is_cap: float | None,
     ref: Tensor | None,
+    is_weight: Tensor | None = None,
     kl_coef: float,
     kl_estimator: str = "k3",
 ) -> LossParts:
@@ -40,13 +41,19 @@ def finish(
     ``kl_estimator`` (``"k1"``, ``"k2"``, ``"k3"``: ``loomrl.algos.kl``).
 
     The truncated importance weight (Yao et al. 2025) corrects for the gap between the
-    engine's numerics and the learner's; it is a constant (no gradient)."""
-    is_weight = torch.ones_like(logp)
-    if is_cap is not None:
+    engine's numerics and the learner's; it is a constant (no gradient). A given
+    ``is_weight [*]`` (``loomrl.algos.corrections``: the learner's named correction) is
+    used instead of ``min(exp(old - sampler), C)``."""
+    if is_weight is not None:
+        is_weight = is_weight.detach().to(per_token.dtype)
+        per_token = per_token * is_weight
+    elif is_cap is not None:
         if sampler is None:
             raise ValueError("truncated importance sampling (is_cap) needs sampler logprobs")
         is_weight = torch.exp(old - sampler).clamp(max=is_cap).detach()
         per_token = per_token * is_weight
+    else:
+        is_weight = torch.ones_like(logp)
     kl = torch.zeros_like(logp)
     if kl_coef:
         if ref is None:

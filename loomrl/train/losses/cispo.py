@@ -31,6 +31,7 @@ def cispo_loss(
     clip_high: float = 0.28,
     sampler: Tensor | None = None,
     is_cap: float | None = None,
+    is_weight: Tensor | None = None,
     ref: Tensor | None = None,
     kl_coef: float = 0.0,
     kl_estimator: str = "k3",
@@ -41,6 +42,7 @@ def cispo_loss(
     per_token = -weight * advantages * logp
     return finish(
         per_token, weight != ratio, logp, old, weights,
-        sampler=sampler, is_cap=is_cap, ref=ref, kl_coef=kl_coef,
+        sampler=sampler, is_cap=is_cap, is_weight=is_weight, ref=ref,
+        kl_coef=kl_coef,
         kl_estimator=kl_estimator,
     )  # fmt: skip

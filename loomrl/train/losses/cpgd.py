@@ -36,6 +36,7 @@ def cpgd_loss(
     drift_coef: float = 0.0,
     sampler: Tensor | None = None,
     is_cap: float | None = None,
+    is_weight: Tensor | None = None,
     ref: Tensor | None = None,
     kl_coef: float = 0.0,
     kl_estimator: str = "k3",
@@ -54,6 +55,7 @@ def cpgd_loss(
         per_token = per_token + drift_coef * (log_ratio.exp() - 1.0 - log_ratio)
     return finish(
         per_token, clipped > unclipped, logp, old, weights,
-        sampler=sampler, is_cap=is_cap, ref=ref, kl_coef=kl_coef,
+        sampler=sampler, is_cap=is_cap, is_weight=is_weight, ref=ref,
+        kl_coef=kl_coef,
         kl_estimator=kl_estimator,
     )  # fmt: skip

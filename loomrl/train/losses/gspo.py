@@ -53,6 +53,7 @@ def gspo_loss(
     clip_high: float = 4e-4,
     sampler: Tensor | None = None,
     is_cap: float | None = None,
+    is_weight: Tensor | None = None,
     ref: Tensor | None = None,
     kl_coef: float = 0.0,
     kl_estimator: str = "k3",
@@ -67,6 +68,7 @@ def gspo_loss(
     per_token = unclipped.maximum(clipped)
     return finish(
         per_token, clipped > unclipped, logp, old, weights,
-        sampler=sampler, is_cap=is_cap, ref=ref, kl_coef=kl_coef,
+        sampler=sampler, is_cap=is_cap, is_weight=is_weight, ref=ref,
+        kl_coef=kl_coef,
         kl_estimator=kl_estimator,
     )  # fmt: skip
