@@ -26,7 +26,7 @@ of the sampled token), ``ρ_s = Π_t ρ_t`` over a sequence's model tokens and
 
 ``C`` is ``cap`` (default 2), ``[low, high]`` the method's band (``DEFAULT_BANDS``). The
 weights carry no gradient. ``correct`` also says which tokens it masked or truncated, for
-the step's metrics.
+the step's metrics. ``log ρ_t`` is clamped to ±20 first.
 """
 
 from __future__ import annotations
@@ -36,6 +36,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
+MAX_LOG_RATIO = 20.0
 CORRECTIONS = ("none", "tis", "mis", "icepop", "seq_tis", "seq_mask", "geo_mask")
 #: ``(low, high)`` of the band-masking methods when the config gives none.
 DEFAULT_BANDS: dict[str, tuple[float, float]] = {
@@ -94,7 +95,8 @@ def correct(
     with torch.no_grad():
         log_ratio = (old - sampler).float()
         ours = owner >= 0
-        log_ratio = torch.where(ours, log_ratio, 0.0)
+        # ±20 (as verl): a broken record cannot make a weight or a metric infinite.
+        log_ratio = torch.where(ours, log_ratio, 0.0).clamp(-MAX_LOG_RATIO, MAX_LOG_RATIO)
         ratio = log_ratio.exp()
         name, cap = correction.name, correction.cap
         low, high = correction.band

@@ -8,7 +8,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from loomrl.algos.corrections import Corrected
+from loomrl.algos.corrections import MAX_LOG_RATIO, Corrected
 
 
 class MismatchMeter:
@@ -24,7 +24,7 @@ class MismatchMeter:
         """One micro-batch: ``log_ratio [*]`` is learner minus sampler logprob, ``owner
         [*]`` each model token's sample index (-1: none)."""
         ours = owner >= 0
-        log_ratio = log_ratio[ours].double()
+        log_ratio = log_ratio[ours].double().clamp(-MAX_LOG_RATIO, MAX_LOG_RATIO)
         ratio = log_ratio.exp()
         self.tokens += float(ours.sum())
         self.kl += float((ratio - 1 - log_ratio).sum())  # k3 of KL(sampler ‖ learner)

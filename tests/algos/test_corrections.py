@@ -92,3 +92,11 @@ def test_weights_carry_no_gradient():
 def test_bad_corrections_are_refused(kwargs, message):
     with pytest.raises(ValueError, match=message):
         Correction(**kwargs)
+
+
+def test_a_broken_sampler_logprob_gives_finite_weights():
+    old = torch.tensor([-1.0, -1.0])
+    sampler = torch.tensor([-1e9, -1.0])  # a corrupt record: ρ would overflow
+    for name in CORRECTIONS:
+        out = correct(Correction(name), old, sampler, torch.tensor([0, 1]), 2)
+        assert torch.isfinite(out.weight).all() and torch.isfinite(out.log_ratio).all(), name
