@@ -21,7 +21,8 @@ os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
 async def tiny_engine():
     from loomrl.engines.vllm import VLLMEngine
 
-    engine = VLLMEngine("tiny-random", max_model_len=512, max_num_seqs=64)
+    # fp32 whatever the CPU: the learner's recompute must match it to 1e-4
+    engine = VLLMEngine("tiny-random", max_model_len=512, max_num_seqs=64, dtype="float32")
     yield engine
     await engine.close()
 

@@ -1,4 +1,5 @@
-"""The engine contract on the real vLLM engine, with tiny-random and the default model."""
+"""The engine contract on the real vLLM engine, with tiny-random (served in fp32) and the
+default model; and the learner replaying its top-p / top-k cut to 1e-4."""
 
 from __future__ import annotations
 
@@ -6,8 +7,13 @@ import asyncio
 
 import psutil
 import pytest
+import torch
 
+import loomrl
 from loomrl.engines import PromptTooLongError
+from loomrl.envs import load as load_env
+from loomrl.experience import compute_logprobs, pad
+from loomrl.models import resolve
 from loomrl.types import SamplingParams
 
 pytestmark = pytest.mark.e2e
@@ -178,3 +184,28 @@ async def test_seeded_requests_survive_a_batch_larger_than_one_prefill_step(tiny
     )
     assert all(len(r.token_ids) == 6 for r in first)
     assert [r.token_ids for r in first] == [r.token_ids for r in again]
+
+
+async def test_the_learner_replays_the_samplers_top_p_top_k_exactly(tiny_engine):
+    """fp32 engine and fp32 learner, before any update: every sampled token's recomputed
+    logprob is the sampler's within 1e-4 once the learner applies the same top-p / top-k
+    cut; scored over the whole vocabulary (what the learner did before) it is not."""
+    from loomrl.experience.truncation import Truncation
+    from loomrl.models.loading import load_lm
+
+    sampling = loomrl.SamplingParams(max_tokens=24, temperature=0.7, top_p=0.8, top_k=20, seed=1)
+    env = load_env("guess_number")
+    trajs = await loomrl.rollout(
+        tiny_engine, env, env.dataset(4, seed=2), n=2, max_turns=3, max_len=512, sampling=sampling
+    )
+    model = load_lm(resolve("tiny-random"), dtype=torch.float32)
+    batch = pad(trajs)
+    on = batch.loss_mask.bool()
+    assert on.sum() > 100
+    cut = Truncation(top_p=0.8, top_k=20)
+    exact = compute_logprobs(model, batch, temperature=0.7, truncation=cut)
+    gap = (batch.logprobs[on] - exact[on]).abs()
+    assert gap.max() <= 1e-4, (gap.max(), gap.mean())
+    whole = compute_logprobs(model, batch, temperature=0.7)
+    old_gap = (batch.logprobs[on] - whole[on]).abs()
+    assert old_gap.max() > 0.1, old_gap.max()  # the bias the cut removes
