@@ -150,9 +150,10 @@ def forward_logprobs(
 ) -> Tensor:
     """One forward pass: ``[b, n]`` logprobs of the wanted tokens (0 elsewhere), with
     autograd when enabled."""
-    return forward_scores(model, mb, temperature=temperature, entropy=False, truncation=truncation)[
-        0
-    ]
+    logprobs, _ = forward_scores(
+        model, mb, temperature=temperature, entropy=False, truncation=truncation
+    )
+    return logprobs
 
 
 def forward_scores(

@@ -49,7 +49,7 @@ class Truncation:
         if not self.active:
             return logits
         with torch.no_grad():
-            drop = self.dropped(logits.detach().float())
+            drop = self.dropped(logits)
             drop.scatter_(1, targets[:, None], False)
         return logits.masked_fill(drop, float("-inf"))
 

@@ -5,13 +5,14 @@ arrives group after group: unshuffled, a mini-batch would hold a few whole group
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import replace
 
 import torch
 from torch import Tensor
 
 from loomrl.experience import Batch
+from loomrl.vision.pixels import Pixels
 
 
 def ranges(num_samples: int, size: int | None) -> list[tuple[int, int]]:
@@ -39,19 +40,8 @@ def select(batch: Batch, first: int, end: int, *aligned: Tensor) -> tuple[Batch,
         assert batch.cu_seqlens is not None
         at = (slice(0, 1), slice(int(batch.cu_seqlens[first]), int(batch.cu_seqlens[end])))
         cu = batch.cu_seqlens[first : end + 1] - batch.cu_seqlens[first]
-    sub = replace(
-        batch,
-        input_ids=batch.input_ids[at], position_ids=batch.position_ids[at],
-        attention_mask=None if batch.attention_mask is None else batch.attention_mask[at],
-        cu_seqlens=cu, loss_mask=batch.loss_mask[at], logprobs=batch.logprobs[at],
-        advantages=batch.advantages[at], returns=batch.returns[at],
-        prompt_lengths=batch.prompt_lengths[first:end],
-        completion_lengths=batch.completion_lengths[first:end],
-        group_ids=batch.group_ids[first:end], example_ids=batch.example_ids[first:end],
-        policy_versions=batch.policy_versions[first:end], rewards=batch.rewards[first:end],
-        temperatures=None if batch.temperatures is None else batch.temperatures[at],
-        pixels=None if batch.pixels is None else batch.pixels.of_samples(first, end),
-    )  # fmt: skip
+    pixels = None if batch.pixels is None else batch.pixels.of_samples(first, end)
+    sub = _rebuilt(batch, lambda t: t[at], slice(first, end), cu, pixels)
     return sub, [t[at] for t in aligned]
 
 
@@ -75,17 +65,30 @@ def permute(batch: Batch, order: Sequence[int], *aligned: Tensor) -> tuple[Batch
 
         lengths = (batch.cu_seqlens[1:] - batch.cu_seqlens[:-1])[rows]
         cu = torch.cat([lengths.new_zeros(1), lengths.cumsum(0)]).to(batch.cu_seqlens.dtype)
-    moved = replace(
+    pixels = None if batch.pixels is None else batch.pixels.in_order(order)
+    moved = _rebuilt(batch, take, rows, cu, pixels)
+    return moved, [take(t) for t in aligned]
+
+
+def _rebuilt(
+    batch: Batch,
+    take: Callable[[Tensor], Tensor],
+    samples: slice | Tensor,
+    cu: Tensor | None,
+    pixels: Pixels | None,
+) -> Batch:
+    """``batch`` with every token tensor passed through ``take``, every per-sample tensor
+    indexed by ``samples``, and the given ``cu_seqlens`` and images."""
+    return replace(
         batch,
         input_ids=take(batch.input_ids), position_ids=take(batch.position_ids),
         attention_mask=None if batch.attention_mask is None else take(batch.attention_mask),
         cu_seqlens=cu, loss_mask=take(batch.loss_mask), logprobs=take(batch.logprobs),
         advantages=take(batch.advantages), returns=take(batch.returns),
-        prompt_lengths=batch.prompt_lengths[rows],
-        completion_lengths=batch.completion_lengths[rows],
-        group_ids=batch.group_ids[rows], example_ids=batch.example_ids[rows],
-        policy_versions=batch.policy_versions[rows], rewards=batch.rewards[rows],
+        prompt_lengths=batch.prompt_lengths[samples],
+        completion_lengths=batch.completion_lengths[samples],
+        group_ids=batch.group_ids[samples], example_ids=batch.example_ids[samples],
+        policy_versions=batch.policy_versions[samples], rewards=batch.rewards[samples],
         temperatures=None if batch.temperatures is None else take(batch.temperatures),
-        pixels=None if batch.pixels is None else batch.pixels.in_order(order),
+        pixels=pixels,
     )  # fmt: skip
-    return moved, [take(t) for t in aligned]
