@@ -6,10 +6,12 @@
 engine settings; one engine at a time (this CPU runs one vLLM well), ``--rounds``
 rounds each after a warm-up; generated tokens/s, median.
 
-(d) Affinity: a multi-turn rollout (guess_number, every turn's prompt extends the last)
-on a pool of two servers, routed with affinity, least-outstanding and at random; the
-prefix-cache hit rate is the servers' own (``vllm:prefix_cache_hits_total`` over
-``..._queries_total`` from ``/metrics``, summed over both, counted over the rollout).
+(d) Affinity: a rollout (by default guess_number, every turn's prompt extends the last;
+``--env arith --max-turns 1`` for single-turn groups whose prompts differ) on a pool of
+two servers, routed with affinity (trajectories stay, a group's samples start on one
+replica), trajectory affinity alone, least-outstanding and at random; the prefix-cache
+hit rate is the servers' own (``vllm:prefix_cache_hits_total`` over ``..._queries_total``
+from ``/metrics``, summed over both, counted over the rollout).
 
     python benchmarks/remote_pool.py [--model smollm2-135m-instruct] [--write]
 """
@@ -77,9 +79,9 @@ def prefix_cache(url: str) -> tuple[float, float]:
 
 
 async def affinity(urls: list[str], args: argparse.Namespace) -> dict[str, dict[str, float]]:
-    env = loomrl.envs.load("guess_number", lo=1, hi=100)
+    env = loomrl.envs.load(args.env, **({"lo": 1, "hi": 100} if args.env == "guess_number" else {}))
     results = {}
-    for routing in ("warm-up", "affinity", "least", "random"):
+    for routing in ("warm-up", "affinity", "trajectory", "least", "random"):
         remotes = [RemoteEngine(u, model=args.model) for u in urls]
         for engine in remotes:
             await engine.check()
@@ -89,7 +91,7 @@ async def affinity(urls: list[str], args: argparse.Namespace) -> dict[str, dict[
         before = [prefix_cache(u) for u in urls]
         start = time.perf_counter()
         trajs = await loomrl.rollout(
-            engines, env, env.dataset(args.examples, seed=5), n=args.n, max_turns=6,
+            engines, env, env.dataset(args.examples, seed=5), n=args.n, max_turns=args.max_turns,
             max_len=MAX_LEN, sampling=SamplingParams(max_tokens=24, temperature=1.0, seed=0),
         )  # fmt: skip
         wall = time.perf_counter() - start
@@ -156,7 +158,9 @@ def main() -> None:
     parser.add_argument("--requests", type=int, default=32)
     parser.add_argument("--tokens", type=int, default=64)
     parser.add_argument("--rounds", type=int, default=3)
-    parser.add_argument("--examples", type=int, default=16, help="guess_number games (d)")
+    parser.add_argument("--examples", type=int, default=16, help="groups (d)")
+    parser.add_argument("--env", default="guess_number", help="the rollout's environment (d)")
+    parser.add_argument("--max-turns", type=int, default=6)
     parser.add_argument("--n", type=int, default=2)
     parser.add_argument(
         "--block-sizes", type=int, nargs="+", default=[0, 32],
@@ -171,14 +175,18 @@ def main() -> None:
         sections.append(("Remote engine vs in-process (real server)", throughput_section(args)))
     if args.part in ("all", "affinity"):
         intro = (
-            f"guess_number 1-100, {args.examples} games x {args.n}, up to 6 turns, 24 tokens "
-            f"a turn, {args.model} on a pool of two servers; prefix-cache hit rate from the "
+            f"{args.env}, {args.examples} groups x {args.n}, up to {args.max_turns} turns, 24 "
+            f"tokens a turn, {args.model} on a pool of two servers; prefix-cache hit rate from the "
             "servers' `/metrics` over the rollout (caches reset before each routing; a "
-            "warm-up rollout first). Every game opens with the same system prompt and "
-            "question, so some hits come from other games."
-        )
+            "warm-up rollout first). "
+            + ("Every game opens with the same system prompt and question, so some hits "
+               "come from other games." if args.env == "guess_number" else "Each group has "
+               "its own question; the system prompt is shared.")
+        )  # fmt: skip
         tables = [affinity_section(args, b or None) for b in args.block_sizes]
-        sections.append(("Pool affinity (real servers)", "\n\n".join([intro, *tables])))
+        name = "Pool affinity (real servers)"
+        name = name if args.env == "guess_number" else f"{name[:-1]}, {args.env})"
+        sections.append((name, "\n\n".join([intro, *tables])))
     for name, body in sections:
         body = f"{body}\n\n{args.note}".strip()
         print(f"## {name}\n\n{body}\n")

@@ -21,6 +21,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_valida
 
 from loomrl.data import DataConfig
 from loomrl.distributed.config import RayConfig
+from loomrl.engines.pool_config import PoolConfig
 from loomrl.engines.replicas import check_replicas
 from loomrl.episode.turn_rewards import TurnReward
 from loomrl.models import DEFAULT_MODEL
@@ -50,6 +51,11 @@ ENGINES: Any = Field(
     default_factory=list,
     description="engine replicas, each a server URL (`loomrl serve`) or the model's own spec "
     "(in process); two or more make a pool (docs/scaling-out.md). Empty: one in-process engine",
+)
+POOL: Any = Field(
+    default_factory=PoolConfig,
+    description="how a pool of two or more replicas routes and health-checks ([pool] table; "
+    "--routing, --probe-interval, --request-timeout, --max-inflight)",
 )
 RAY: Any = Field(
     None,
@@ -122,6 +128,7 @@ class RolloutConfig(BaseModel):
         default_factory=dict, description="extra VLLMEngine / vLLM engine arguments"
     )
     engines: list[str] = ENGINES
+    pool: PoolConfig = POOL
     ray: RayConfig | None = RAY
 
     @model_validator(mode="after")

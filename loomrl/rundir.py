@@ -33,6 +33,7 @@ RECORD = "data.json"  # what data a run drew from (``loomrl.data.record``)
 CHECKPOINTS = "checkpoints"
 EVAL = "eval"
 IMAGES = "images"  # side tables of trajectories and experience files
+LOG = "run.log"  # what vLLM, torch and Ray printed (loomrl.cli.quiet); kept on --overwrite
 STEP_PREFIX = "step-"
 
 

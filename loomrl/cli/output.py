@@ -12,6 +12,7 @@ import os
 import re
 import sqlite3
 import sys
+from typing import TextIO
 
 from pydantic import ValidationError
 from rich.console import Console
@@ -20,6 +21,22 @@ from loomrl.config import describe
 from loomrl.redact import redact_text
 
 console = Console()
+_errors: TextIO | None = None  # None: whatever sys.stderr is now
+
+
+def error_stream() -> TextIO:
+    """Where ``error:`` and ``note:`` lines go: the terminal's stderr (see ``quiet``)."""
+    return _errors if _errors is not None else sys.stderr
+
+
+def error_stream_set() -> TextIO | None:
+    """The stream ``set_error_stream`` pinned, None when it follows ``sys.stderr``."""
+    return _errors
+
+
+def set_error_stream(stream: TextIO | None) -> None:
+    global _errors
+    _errors = stream
 
 
 class UsageError(Exception):
@@ -51,12 +68,12 @@ def one_line(exc: BaseException) -> str:
 
 def print_error(message: str) -> None:
     """``error: message`` on stderr, plain text (no markup, no colour codes)."""
-    print(f"error: {redact_text(message)}", file=sys.stderr, flush=True)
+    print(f"error: {redact_text(message)}", file=error_stream(), flush=True)
 
 
 def print_note(message: str) -> None:
     """``note: message`` on stderr, plain text: something the user should know."""
-    print(f"note: {redact_text(message)}", file=sys.stderr, flush=True)
+    print(f"note: {redact_text(message)}", file=error_stream(), flush=True)
 
 
 def debugging() -> bool:

@@ -9,9 +9,11 @@ import asyncio
 from pathlib import Path
 from typing import Any
 
-from loomrl.cli import data_flags, ray_flags
+from loomrl.cli import data_flags, pool_flags, ray_flags
 from loomrl.cli.checks import check_agrees, check_resume_alone, load_config, model_flags
 from loomrl.cli.output import console, print_note
+from loomrl.cli.pool_flags import with_pool_flags
+from loomrl.cli.quiet import add_verbose_flag, libraries_to_run_log, verbose_requested
 from loomrl.cli.report import report_at_end
 from loomrl.config import RolloutConfig
 from loomrl.models import DEFAULT_MODEL
@@ -64,6 +66,8 @@ def add_parser(sub: Any) -> None:
     )  # fmt: skip
     data_flags.add_arguments(roll)
     ray_flags.add_arguments(roll)
+    pool_flags.add_arguments(roll)
+    add_verbose_flag(roll)
     roll.set_defaults(func=cmd_rollout)
 
 
@@ -75,7 +79,9 @@ def requested(args: argparse.Namespace) -> RolloutConfig:
     overrides = {name: getattr(args, name) for name in FLAGS} | model_flags(args.model)
     if args.resume is None:
         config = load_config(RolloutConfig, args.config, overrides)
-        return ray_flags.with_ray_flags(data_flags.with_data_flags(config, args), args)
+        return with_pool_flags(
+            ray_flags.with_ray_flags(data_flags.with_data_flags(config, args), args), args
+        )
     check_resume_alone(args)
     recorded = resume_config(args.resume)
     base = load_config(RolloutConfig, args.config, overrides) if args.config else recorded
@@ -87,13 +93,13 @@ def requested(args: argparse.Namespace) -> RolloutConfig:
     }
     named = {"data": "/".join(data_flags.FIELDS[k] for k in data_flags.data_flags(args))}
     named["env_args"] = named["reward"] = "--reward"
-    # Servers and clusters may move between sessions: a resumed run takes the replicas
-    # and the Ray cluster it is given.
-    skip = ("out", "engines", "ray")
+    # Servers and clusters may move between sessions: a resumed run takes the replicas,
+    # the pool settings and the Ray cluster it is given.
+    skip = ("out", "engines", "pool", "ray")
     check_agrees(recorded, args.resume, args.config, {**overrides, **extra}, skip, named)
     if overrides["engines"] is not None:
         recorded = recorded.model_copy(update={"engines": overrides["engines"]})
-    return ray_flags.with_ray_flags(recorded, args)
+    return with_pool_flags(ray_flags.with_ray_flags(recorded, args), args)
 
 
 def cmd_rollout(args: argparse.Namespace) -> int:
@@ -109,7 +115,9 @@ def cmd_rollout(args: argparse.Namespace) -> int:
         print_note(note)
     config = plan.config
     try:
-        out, results = asyncio.run(execute_rollout(plan, console))
+        verbose = verbose_requested(args.verbose)
+        with libraries_to_run_log(plan.run.path, verbose=verbose, resume=plan.resume):
+            out, results = asyncio.run(execute_rollout(plan, console))
     except KeyboardInterrupt:
         resumable = config.mode == "continuous" and plan.run.config.is_file()
         hint = f"continue with `loomrl rollout --resume {config.out}`" if resumable else ""

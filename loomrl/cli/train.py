@@ -14,9 +14,11 @@ import asyncio
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from loomrl.cli import ray_flags
+from loomrl.cli import pool_flags, ray_flags
 from loomrl.cli.checks import check_agrees, check_resume_alone, load_config, model_flags
 from loomrl.cli.output import UsageError, console, print_note
+from loomrl.cli.pool_flags import with_pool_flags
+from loomrl.cli.quiet import add_verbose_flag, libraries_to_run_log, verbose_requested
 from loomrl.cli.report import report_at_end
 from loomrl.models import DEFAULT_MODEL
 
@@ -49,6 +51,8 @@ def add_parser(sub: Any) -> None:
         help="replace the run already in --out (its files, checkpoints included, are removed)",
     )  # fmt: skip
     ray_flags.add_arguments(tr)
+    pool_flags.add_arguments(tr)
+    add_verbose_flag(tr)
     tr.set_defaults(func=cmd_train)
 
 
@@ -61,14 +65,15 @@ def requested(args: argparse.Namespace) -> tuple[TrainConfig, int | None]:
     overrides |= model_flags(args.model)
     if args.resume is None:
         config = load_config(TrainConfig, args.config, overrides)
-        return ray_flags.with_ray_flags(_reward_flag(config, args.reward), args), None
+        config = ray_flags.with_ray_flags(_reward_flag(config, args.reward), args)
+        return with_pool_flags(config, args), None
     if args.reward is not None:
         raise UsageError("--reward: a resumed run keeps the reward its config.toml records")
     check_resume_alone(args)
     recorded = resume_config(args.resume)
-    # Servers and clusters may move between sessions: a resumed run takes the replicas
-    # and the Ray cluster it is given.
-    skip = ("out", "steps", "engines", "ray")
+    # Servers and clusters may move between sessions: a resumed run takes the replicas,
+    # the pool settings and the Ray cluster it is given.
+    skip = ("out", "steps", "engines", "pool", "ray")
     asked = check_agrees(recorded, args.resume, args.config, overrides, skip=skip)
     steps = recorded.steps if args.steps is None else args.steps
     if args.steps is None and args.config is not None and asked.steps != recorded.steps:
@@ -89,7 +94,7 @@ def requested(args: argparse.Namespace) -> tuple[TrainConfig, int | None]:
     extended = recorded.steps if steps > recorded.steps else None
     engines = overrides["engines"] if overrides["engines"] is not None else recorded.engines
     resumed = recorded.model_copy(update={"steps": steps, "engines": engines})
-    return ray_flags.with_ray_flags(resumed, args), extended
+    return with_pool_flags(ray_flags.with_ray_flags(resumed, args), args), extended
 
 
 def _reward_flag(config: TrainConfig, name: str | None) -> TrainConfig:
@@ -122,7 +127,9 @@ def cmd_train(args: argparse.Namespace) -> int:
         extend_steps(plan.run.config, config.steps)
         print_note(f"{args.resume}: steps {extended_from} -> {config.steps} (config.toml)")
     try:
-        out, rows = asyncio.run(run_train(plan, console))
+        verbose = verbose_requested(args.verbose)
+        with libraries_to_run_log(out, verbose=verbose, resume=plan.resume):
+            out, rows = asyncio.run(run_train(plan, console))
     except KeyboardInterrupt:
         raise KeyboardInterrupt(_how_to_continue(out)) from None
     rewards = [r["reward_mean"] for r in rows if "reward_mean" in r]

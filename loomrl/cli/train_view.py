@@ -1,5 +1,5 @@
 """What ``loomrl train`` shows while it runs: a live table of the newest steps (and the
-HTML report refreshed every ``report_every`` steps)."""
+HTML report refreshed every ``report_every`` steps, in a thread of its own)."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ from rich.live import Live
 from rich.markup import escape
 from rich.table import Table
 
-from loomrl.report import refresh_report
+from loomrl.report.refresher import BackgroundRefresh
 from loomrl.run.train import execute_train
 from loomrl.run.train_plan import TrainPlan
 from loomrl.run.train_report import report
@@ -43,6 +43,7 @@ async def run_train(plan: TrainPlan, console: Console) -> tuple[Path, list[dict[
     title = escape(f"train {' + '.join(config.task_specs())} x {config.model} -> {out}")
     rows: list[dict[str, Any]] = []
     console.print(f"[bold]{title}[/] ({config.steps} steps; starting vLLM takes ~30 s)")
+    page = BackgroundRefresh(out)  # the page follows the run; the final one comes last
     with Live(table(rows, title), console=console, refresh_per_second=2) as live:
 
         def show(row: dict[str, Any]) -> None:
@@ -50,8 +51,11 @@ async def run_train(plan: TrainPlan, console: Console) -> tuple[Path, list[dict[
             live.update(table(rows, title))
             every = config.report_every
             if every and row["step"] % every == 0 and row["step"] < config.steps:
-                refresh_report(out)  # the page follows the run; the final one comes last
+                page.request()
 
-        all_rows = await execute_train(plan, on_step=show)
+        try:
+            all_rows = await execute_train(plan, on_step=show)
+        finally:
+            page.close()
     plan.run.report.write_text(report(config, all_rows))
     return out, all_rows

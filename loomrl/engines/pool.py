@@ -6,8 +6,12 @@ names each trajectory there, ``RUN-GROUP.SAMPLE:N``), and a key's next request g
 replica that served its previous one, whose prefix cache holds the conversation so far,
 unless that replica is retired or overloaded: ``max_outstanding`` requests or more, or
 more than ``2 * least + affinity_slack`` where ``least`` is the least-loaded replica's
-count. Then the request goes to the least-loaded replica and the key moves with it. Ids
-without ``:`` have no affinity. The key map is an LRU of ``affinity_capacity`` keys.
+count. Then the request goes to the least-loaded replica and the key moves with it. A
+trajectory's *first* request goes where its group's first one went (the group is the key
+before its last ``.``: ``RUN-GROUP``), under the same load rule, so a GRPO group's n
+samples share one prefill of their prompt. Ids without ``:`` have no affinity. The key
+maps are LRUs of ``affinity_capacity`` keys. ``routing="trajectory"`` keeps trajectories
+on their replica without the group rule (the baseline it is measured against).
 
 Failover: a replica whose ``generate`` raises ``ConnectionError`` (``EngineUnavailable``
 among them) or ``TimeoutError`` is retired, and the same prompt ids, images, params and
@@ -18,11 +22,14 @@ other exception is the request's own and propagates. An aborted request is never
 over (an ``abort`` completion is a normal return). With no healthy replica left,
 ``EngineUnavailable``.
 
-Health: from the first retirement, a background task probes every retired replica each
-``health_interval_s`` with its ``async health() -> bool`` (a replica without one stays
-retired) and re-admits it only when it is healthy *and* at the pool's weight version: a
-replica on stale weights never serves. ``update_weights`` also offers the new weights to
-retired replicas whose probe passes, so one that came back catches up at the next sync.
+Health (``pool_health``): a background task probes every replica with an ``async
+health() -> bool`` each ``health_interval_s``, with a ``probe_timeout_s`` deadline; a
+serving replica that fails ``probe_failures`` probes in a row (a hung server) is drained:
+its in-flight requests fail over as on a crash. A retired replica (a replica without a
+probe stays retired) is re-admitted only when healthy *and* at the pool's weight
+version: a replica on stale weights never serves. ``update_weights`` also offers the new
+weights to retired replicas whose probe passes, so one that came back catches up at the
+next sync.
 
 Versions: ``policy_version`` is the minimum over healthy replicas; completions keep the
 version stamped by the replica that made them.
@@ -38,17 +45,19 @@ import time
 from collections.abc import Iterable, Sequence
 from typing import Any, Literal
 
+from loomrl.engines import pool_health as health
 from loomrl.engines.base import Engine, EngineUnavailable
-from loomrl.engines.replica import Replica
+from loomrl.engines.replica import Replica, check_interchangeable
 from loomrl.lru import LRUCache
 from loomrl.types import Completion, SamplingParams
 
 __all__ = ["FAILOVER_ERRORS", "EnginePool", "affinity_key", "pool"]
 
-Routing = Literal["affinity", "least", "random"]
-ROUTINGS: tuple[Routing, ...] = ("affinity", "least", "random")
-"""``affinity`` (the default, see above); ``least``: least-outstanding without affinity;
-``random``: a uniformly random healthy replica (the baselines affinity is measured against)."""
+Routing = Literal["affinity", "trajectory", "least", "random"]
+ROUTINGS: tuple[Routing, ...] = ("affinity", "trajectory", "least", "random")
+"""``affinity`` (the default, see above); ``trajectory``: affinity without the group rule;
+``least``: least-outstanding without affinity; ``random``: a uniformly random healthy
+replica (the baselines affinity is measured against)."""
 
 FAILOVER_ERRORS: tuple[type[BaseException], ...] = (ConnectionError, TimeoutError)
 """What a replica raises when the fault is its own (``asyncio.TimeoutError`` is
@@ -59,6 +68,12 @@ def affinity_key(request_id: str) -> str | None:
     """The part of ``request_id`` before its last ``:``, or ``None`` when it has none."""
     key, sep, _ = request_id.rpartition(":")
     return key if sep else None
+
+
+def group_key(key: str) -> str | None:
+    """The group of a trajectory key ``RUN-GROUP.SAMPLE``: ``RUN-GROUP`` (None without ``.``)."""
+    group, sep, _ = key.rpartition(".")
+    return group if sep else None
 
 
 class EnginePool:
@@ -72,6 +87,8 @@ class EnginePool:
         affinity_slack: int = 4,
         affinity_capacity: int = 100_000,
         health_interval_s: float = 2.0,
+        probe_timeout_s: float = 5.0,
+        probe_failures: int = 2,
         routing: Routing = "affinity",
         seed: int = 0,
     ) -> None:
@@ -80,15 +97,24 @@ class EnginePool:
         self.routing = routing
         self._random = random.Random(seed)
         self._replicas = [Replica(engine, i) for i, engine in enumerate(engines)]
-        _validate(self._replicas)
+        check_interchangeable(self._replicas)
         if max_outstanding is not None and max_outstanding < 1:
             raise ValueError(f"max_outstanding must be >= 1 or None, got {max_outstanding}")
-        if health_interval_s <= 0:
-            raise ValueError(f"health_interval_s must be > 0, got {health_interval_s}")
+        if health_interval_s <= 0 or probe_timeout_s <= 0:
+            raise ValueError(
+                f"health_interval_s and probe_timeout_s must be > 0, got {health_interval_s} "
+                f"and {probe_timeout_s}"
+            )
+        if probe_failures < 1:
+            raise ValueError(f"probe_failures must be >= 1, got {probe_failures}")
         self.max_outstanding = max_outstanding
         self.affinity_slack = affinity_slack
         self.health_interval_s = health_interval_s
+        self.probe_timeout_s = probe_timeout_s
+        self.probe_failures = probe_failures
+        self._probed = any(hasattr(r.engine, "health") for r in self._replicas)
         self._affinity: LRUCache[str, Replica] = LRUCache(affinity_capacity)
+        self._groups: LRUCache[str, Replica] = LRUCache(affinity_capacity)
         self._where: dict[str, Replica] = {}  # request id -> replica serving it now
         self._aborted: set[str] = set()  # in-flight ids the caller aborted
         self._version = self._replicas[0].engine.policy_version
@@ -150,15 +176,25 @@ class EnginePool:
         request_id = request_id or f"pool-{next(self._ids)}"
         key = affinity_key(request_id)
         extra = {"images": list(images)} if images else {}
+        if self._probed:
+            health.ensure_watch(self)
         try:
             while True:
                 replica = self._route(key)
                 replica.outstanding += 1
                 self._where[request_id] = replica
+                call = asyncio.ensure_future(
+                    replica.engine.generate(prompt_ids, params, request_id, **extra)
+                )
+                replica.calls.add(call)
                 try:
-                    out = await replica.engine.generate(prompt_ids, params, request_id, **extra)
-                except FAILOVER_ERRORS as exc:
-                    self._retire(replica, f"generate raised {type(exc).__name__}: {exc}")
+                    out = await call
+                except (*FAILOVER_ERRORS, asyncio.CancelledError) as exc:
+                    if isinstance(exc, asyncio.CancelledError):
+                        if not health.was_drained(replica, call):
+                            raise  # the caller's own cancellation
+                    else:
+                        self._retire(replica, f"generate raised {type(exc).__name__}: {exc}")
                     self._abandon(replica, request_id)
                     if request_id in self._aborted:  # the caller gave it up: do not redo it
                         return _aborted(request_id, len(prompt_ids), self._version)
@@ -166,6 +202,7 @@ class EnginePool:
                     self.failovers += 1
                     continue
                 finally:
+                    replica.calls.discard(call)
                     replica.outstanding -= 1
                     self._where.pop(request_id, None)
                 replica.requests += 1
@@ -194,6 +231,12 @@ class EnginePool:
                 previous.affinity_hits += 1
                 return previous
             previous.affinity_misses += 1
+        elif self.routing == "affinity" and (group := group_key(key)) is not None:
+            home = self._groups.get(group)  # where the group's prompt was prefilled
+            if home is not None and home.retired is None and not self._overloaded(home, least):
+                self._affinity.put(key, home)
+                return home
+            self._groups.put(group, least)
         self._affinity.put(key, least)
         return least
 
@@ -228,7 +271,7 @@ class EnginePool:
         target = self._version + 1 if version is None else version
         healthy = [r for r in self._replicas if r.retired is None]
         retired = [r for r in self._replicas if r.retired is not None]
-        alive = await asyncio.gather(*(self._probe(r) for r in retired))
+        alive = await asyncio.gather(*(self._probe(r) for r in retired))  # no probe: False
         back = [r for r, ok in zip(retired, alive, strict=True) if ok]
         results = await asyncio.gather(
             *(_update(r.engine, weights, target) for r in healthy + back),
@@ -298,23 +341,15 @@ class EnginePool:
             "replicas": replicas,
         }
 
-    # -- health --------------------------------------------------------------------------
+    # -- health (see pool_health) ---------------------------------------------------------
     def _retire(self, replica: Replica, why: str) -> None:
         replica.retired = why
-        loop, task = asyncio.get_running_loop(), self._health_task
-        if task is None or task.done() or task.get_loop() is not loop:  # a new asyncio.run
-            self._health_task = loop.create_task(self._watch())
+        health.ensure_watch(self)
 
     def _abandon(self, replica: Replica, request_id: str) -> None:
-        """Abort a failed-over request on the replica it left, in the background: one that
-        only timed out may still be generating it (a dead one just fails to answer)."""
-
-        async def abort() -> None:
-            with contextlib.suppress(Exception):
-                async with asyncio.timeout(self.health_interval_s):
-                    await replica.engine.abort(request_id)
-
-        task = asyncio.get_running_loop().create_task(abort())
+        """Abort a failed-over request on the replica it left, in the background."""
+        abort = health.abort_quietly(replica, request_id, self.health_interval_s)
+        task = asyncio.get_running_loop().create_task(abort)
         self._abandoning.add(task)
         task.add_done_callback(self._abandoning.discard)
 
@@ -324,23 +359,8 @@ class EnginePool:
         replica.retired = None
         return True
 
-    async def _watch(self) -> None:
-        """Probe retired replicas every ``health_interval_s`` until none is retired."""
-        while any(r.retired is not None for r in self._replicas):
-            await asyncio.sleep(self.health_interval_s)
-            for replica in [r for r in self._replicas if r.retired is not None]:
-                if await self._probe(replica):
-                    self._admit_if_current(replica)
-
     async def _probe(self, replica: Replica) -> bool:
-        health = getattr(replica.engine, "health", None)
-        if health is None:
-            return False
-        try:
-            async with asyncio.timeout(self.health_interval_s):
-                return bool(await health())
-        except Exception:
-            return False
+        return await health.check(replica, self.probe_timeout_s) is True
 
     def _none_healthy(self) -> str:
         why = "; ".join(f"{r.name}: {r.retired}" for r in self._replicas)
@@ -354,25 +374,6 @@ def pool(engines: Sequence[Engine], **kwargs: Any) -> EnginePool:
 
 def _load(replica: Replica) -> int:
     return replica.outstanding
-
-
-def _validate(replicas: list[Replica]) -> None:
-    """Replicas must be interchangeable: same vocabulary, same weight version."""
-    if not replicas:
-        raise ValueError("an engine pool needs at least one engine")
-    first = replicas[0].engine
-    for replica in replicas[1:]:
-        engine = replica.engine
-        if engine.vocab_size != first.vocab_size:
-            raise ValueError(
-                f"{replica.name} has vocab_size {engine.vocab_size}, replica 0 has "
-                f"{first.vocab_size}: a pool serves one model"
-            )
-        if engine.policy_version != first.policy_version:
-            raise ValueError(
-                f"{replica.name} is at policy_version {engine.policy_version}, replica 0 at "
-                f"{first.policy_version}: a pool starts on one set of weights"
-            )
 
 
 async def _update(engine: Engine, weights: Any, version: int) -> float:

@@ -6,6 +6,7 @@ counters have one place that turns them into metrics.
 
 from __future__ import annotations
 
+import asyncio
 import time
 from dataclasses import dataclass, field
 
@@ -26,6 +27,8 @@ class Replica:
     affinity_misses: int = 0
     failovers: int = 0
     retired: str | None = None
+    probe_failures: int = 0  # failed health probes in a row (see pool_health)
+    calls: set[asyncio.Future[object]] = field(default_factory=set)  # generates in flight
     started: float = field(default_factory=time.perf_counter)
 
     @property
@@ -54,3 +57,22 @@ class Replica:
             "healthy": self.healthy,
             "policy_version": self.engine.policy_version,
         }
+
+
+def check_interchangeable(replicas: list[Replica]) -> None:
+    """Replicas must be interchangeable: same vocabulary, same weight version."""
+    if not replicas:
+        raise ValueError("an engine pool needs at least one engine")
+    first = replicas[0].engine
+    for replica in replicas[1:]:
+        engine = replica.engine
+        if engine.vocab_size != first.vocab_size:
+            raise ValueError(
+                f"{replica.name} has vocab_size {engine.vocab_size}, replica 0 has "
+                f"{first.vocab_size}: a pool serves one model"
+            )
+        if engine.policy_version != first.policy_version:
+            raise ValueError(
+                f"{replica.name} is at policy_version {engine.policy_version}, replica 0 at "
+                f"{first.policy_version}: a pool starts on one set of weights"
+            )

@@ -38,9 +38,10 @@ def convert(out: Path) -> None:
 
     gguf = gguf_path()
     tokenizer = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
+    # Dequantised in float32 (the GGUF loader's own precision), stored in bfloat16.
     model = AutoModelForCausalLM.from_pretrained(
-        gguf.parent, gguf_file=gguf.name, dtype=torch.bfloat16
-    )
+        gguf.parent, gguf_file=gguf.name, dtype=torch.float32
+    ).to(torch.bfloat16)
     # The GGUF loader tags the model as quantised; the dequantised weights are plain.
     model.hf_quantizer = None
     if hasattr(model.config, "quantization_config"):

@@ -35,14 +35,18 @@ def build_report(runs: Sequence[Run], config: ReportConfig | None = None) -> str
     """The page for ``runs`` (already loaded)."""
     from loomrl.report.browser import browser_data
     from loomrl.report.figures import Plots, trajectory_plots
+    from loomrl.report.figures_rollout import rollout_plots
     from loomrl.report.figures_rows import row_plots
     from loomrl.report.page import render
 
     config = config or ReportConfig()
     label_runs(list(runs))
     plots = Plots()
-    trajectory_plots(runs, plots)
-    row_plots(runs, plots)
+    if runs and all(run.kind == "rollout" for run in runs):  # one policy: distributions
+        rollout_plots(runs, plots)
+    else:  # training runs: curves over steps
+        trajectory_plots(runs, plots)
+        row_plots(runs, plots)
     return render(runs, plots, browser_data(runs, config.max_texts))
 
 

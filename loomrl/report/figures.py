@@ -37,8 +37,11 @@ class Figure:
 
     def spec(self) -> dict[str, Any]:
         layout = {
-            "title": {"text": self.title, "font": {"size": 14}},
-            "margin": {"l": 55, "r": 10, "t": 36, "b": 70},
+            # Title on the left, plotly's (vertical) mode bar in the right margin: no
+            # control ever covers a title.
+            "title": {"text": self.title, "font": {"size": 14}, "x": 0.01, "xanchor": "left"},
+            "modebar": {"orientation": "v"},
+            "margin": {"l": 55, "r": 40, "t": 36, "b": 70},
             "height": 320,
             "legend": {"orientation": "h", "y": -0.28},
             "xaxis": {"title": {"text": "step"}, "dtick": self._dtick()},

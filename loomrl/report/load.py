@@ -44,7 +44,7 @@ class Run:
     kind: str  # "rollout" or "train"
     config: dict[str, Any]
     rows: list[dict[str, Any]]
-    # One row per trajectory: SUMMARY_COLUMNS plus ``step`` and ``file``/``row`` (where
+    # One row per trajectory: SUMMARY_COLUMNS, ``env_metrics``, ``step`` and ``file``/``row`` (where
     # its tokens are), in step order.
     trajectories: pa.Table
     files: list[Path] = field(default_factory=list)
@@ -137,15 +137,44 @@ def read_details(run: Run, indices: list[int]) -> list[dict[str, Any]]:
 def _summary(files: list[Path], steps: list[int]) -> pa.Table:
     tables = []
     for f, (path, step) in enumerate(zip(files, steps, strict=True)):
-        table = _read(path, list(SUMMARY_COLUMNS))
+        table = _file_summary(path)
         count = table.num_rows
         table = table.append_column("step", pa.array([step] * count, pa.int64()))
         table = table.append_column("file", pa.array([f] * count, pa.int32()))
         tables.append(table.append_column("row", pa.array(range(count), pa.int64())))
     if not tables:
-        names = [*SUMMARY_COLUMNS, "step", "file", "row"]
-        return pa.table({n: pa.array([], pa.string() if n == "env" else pa.int64()) for n in names})
+        names = [*SUMMARY_COLUMNS, "env_metrics", "step", "file", "row"]
+        text = ("env", "env_metrics")
+        return pa.table({n: pa.array([], pa.string() if n in text else pa.int64()) for n in names})
     return pa.concat_tables(tables, promote_options="default")
+
+
+#: Summaries of files already read, by (path, mtime, size): a training run's report is
+#: rebuilt every few steps, and its step files never change once written.
+_SUMMARIES: dict[tuple[str, int, int], pa.Table] = {}
+_SUMMARIES_KEPT = 4096
+
+
+def _file_summary(path: Path) -> pa.Table:
+    try:
+        stat = path.stat()
+    except OSError as exc:
+        raise ReportError(f"{path}: not a readable Parquet file ({exc})") from None
+    key = (str(path.resolve()), stat.st_mtime_ns, stat.st_size)
+    cached = _SUMMARIES.get(key)
+    if cached is not None:
+        return cached
+    table = _read(path, list(SUMMARY_COLUMNS))
+    metrics = (  # a later column: an older file's trajectories report none
+        _read(path, ["env_metrics"]).column(0)
+        if "env_metrics" in pq.read_schema(path).names
+        else pa.array(["{}"] * table.num_rows, pa.string())
+    )
+    table = table.append_column("env_metrics", metrics)
+    if len(_SUMMARIES) >= _SUMMARIES_KEPT:
+        _SUMMARIES.pop(next(iter(_SUMMARIES)))
+    _SUMMARIES[key] = table
+    return table
 
 
 def _read(path: Path, columns: list[str]) -> pa.Table:

@@ -13,7 +13,9 @@ from typing import Any
 from loomrl.report.figures import Figure, Plots
 from loomrl.report.load import Run
 
-SECTIONS = ("Reward", "Length", "Learner", "Mismatch", "Time", "Producer")
+SECTIONS = (
+    "Outcomes", "Reward", "Length", "Environment", "Learner", "Mismatch", "Time", "Producer",
+)  # fmt: skip
 
 
 def plotly_js() -> str:
@@ -106,6 +108,11 @@ BROWSER = """
 """
 
 
+def _present(plots: Plots) -> list[str]:
+    """The sections that hold a plot, in page order (the nav links only to those)."""
+    return [s for s in SECTIONS if any(f.section == s for f in plots.figures)]
+
+
 def render(runs: Sequence[Run], plots: Plots, browser: dict[str, Any]) -> str:
     """The whole page."""
     names = ", ".join(run.name for run in runs)
@@ -119,7 +126,7 @@ def render(runs: Sequence[Run], plots: Plots, browser: dict[str, Any]) -> str:
         f"<style>{_static('report.css')}</style></head><body>",
         f"<header><h1>loomrl report</h1>{run_table(runs)}",
         f"<div class='note' style='color:#cdd'>written {when}</div></header>",
-        "<nav>" + "".join(f"<a href='#s-{s.lower()}'>{s}</a>" for s in SECTIONS)
+        "<nav>" + "".join(f"<a href='#s-{s.lower()}'>{s}</a>" for s in _present(plots))
         + "<a href='#s-trajectories'>Trajectories</a></nav>",
         f"<main>{plot_sections(plots)}{BROWSER}</main>",
         f"<script type='application/json' id='figures'>{script_json(figures)}</script>",

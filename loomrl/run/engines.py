@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from loomrl.engines.base import Engine
+from loomrl.engines.pool_config import PoolConfig
 from loomrl.engines.replicas import open_engines
 
 if TYPE_CHECKING:
@@ -73,8 +74,14 @@ async def open_run_engine(
     *,
     policy_version: int = 0,
     actor_make: Callable[[], Engine] | None = None,
+    pool: PoolConfig | None = None,
 ) -> Engine:
     """The run's engine: ``make()`` in process, a pool with the servers in ``replicas``,
-    or Ray engine actors each building ``actor_make()`` (default ``make``) when ``ray``."""
+    or Ray engine actors each building ``actor_make()`` (default ``make``) when ``ray``;
+    a pool routes and probes as ``pool`` says."""
+    pool = pool or PoolConfig()
     started = None if ray is None else ray.engine_starter(model, actor_make or make)
-    return await open_engines(model, replicas, make, policy_version=policy_version, started=started)
+    return await open_engines(
+        model, replicas, make, policy_version=policy_version, started=started,
+        request_timeout_s=pool.request_timeout, **pool.pool_args(),
+    )  # fmt: skip

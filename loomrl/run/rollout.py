@@ -171,7 +171,7 @@ async def execute_rollout(
                 starts = engines.EngineStarts(lambda: maker(config))
                 with console.status(f"starting the engine for {escape(config.model)}"):
                     engine = await engines.open_run_engine(
-                        config.model, config.engines, starts, ray
+                        config.model, config.engines, starts, ray, pool=config.pool
                     )
                 results, extra = await play(plan, engine, env, buffer, console)
                 extra |= env_metrics([env]) | {"engine/starts": starts.count}

@@ -129,7 +129,7 @@ class Trainer:
         # resumed run's weights below.
         self.engine = await engines.open_run_engine(
             config.model, config.engines, self.starts, ray, policy_version=start,
-            actor_make=functools.partial(make, Path(config.model), 0),
+            actor_make=functools.partial(make, Path(config.model), 0), pool=config.pool,
         )  # fmt: skip
         # A resumed LoRA run's engine starts from the base model, and a server holds
         # whatever weights it was last given: both get the learner's weights now.

@@ -14,6 +14,7 @@ from loomrl.config import (
     FIRST_TOKENS,
     MAX_OBS_TOKENS,
     MAX_SEED,
+    POOL,
     RAY,
     REWARD,
     TURN_DISCOUNT,
@@ -23,6 +24,7 @@ from loomrl.config import (
 )
 from loomrl.data import DataConfig
 from loomrl.distributed.config import RayConfig
+from loomrl.engines.pool_config import PoolConfig
 from loomrl.engines.replicas import check_replicas
 from loomrl.episode.turn_rewards import TurnReward
 from loomrl.experience.shaping_config import ShapingConfig
@@ -243,6 +245,7 @@ class TrainConfig(BaseModel):
     out: Path | None = Field(None, description="run directory (default runs/train-TIME)")
     engine_args: dict[str, Any] = Field(default_factory=dict, description="VLLMEngine args")
     engines: list[str] = ENGINES
+    pool: PoolConfig = POOL
     ray: RayConfig | None = RAY
 
     @model_validator(mode="before")

@@ -76,3 +76,40 @@ def test_a_resumed_training_run_takes_the_replicas_it_is_given(run):
     assert config.engines == ["http://127.0.0.1:8001", "http://127.0.0.1:8002"]
     config, _ = requested(build_parser().parse_args(["train", "--resume", str(run)]))
     assert config.engines == []
+
+
+def test_pool_settings_from_flags_and_toml_reach_the_pool(cli, scripted, tmp_path, monkeypatch):
+    from loomrl.engines.pool import EnginePool
+
+    made = []
+    real = EnginePool.__init__
+
+    def spy(self, engines, **kwargs):
+        made.append(kwargs)
+        real(self, engines, **kwargs)
+
+    monkeypatch.setattr(EnginePool, "__init__", spy)
+    config = tmp_path / "pool.toml"
+    config.write_text(f"model = '{MODEL}'\n[pool]\nprobe_timeout = 3.0\nrouting = 'random'\n")
+    out = tmp_path / "run"
+    result = cli("rollout", "--config", config, *SMALL, "--model", MODEL, "--model", MODEL,
+                 "--routing", "least", "--probe-interval", "0.5", "--max-inflight", "8",
+                 "--out", out)  # fmt: skip
+    assert result.code == 0, result.err
+    assert made[0]["routing"] == "least"  # the flag wins over the file
+    assert made[0]["health_interval_s"] == 0.5 and made[0]["probe_timeout_s"] == 3.0
+    assert made[0]["max_outstanding"] == 8
+    recorded = tomllib.loads((out / "config.toml").read_text())["pool"]
+    assert recorded["routing"] == "least" and recorded["probe_interval"] == 0.5
+
+
+def test_bad_pool_settings_are_one_line_naming_the_flag_or_field(cli, tmp_path):
+    result = cli("rollout", *SMALL, "--probe-interval", "0", "--out", tmp_path / "a")
+    assert result.code == 2 and result.error.startswith("--probe-interval 0")
+    path = tmp_path / "bad.toml"
+    path.write_text("[pool]\nprobe_failures = 0\n")
+    result = cli("rollout", "--config", path, "--out", tmp_path / "b")
+    assert result.code == 2 and "probe_failures" in result.error
+    path.write_text("[pool]\nprobe_every = 1\n")
+    result = cli("rollout", "--config", path, "--out", tmp_path / "c")
+    assert result.code == 2 and "probe_every" in result.error

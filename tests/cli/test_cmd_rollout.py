@@ -200,7 +200,7 @@ def test_an_interrupted_run_says_how_to_continue(cli, monkeypatch, tmp_path):
     from loomrl.run import rollout
 
     async def interrupted(plan, console, **kwargs):
-        plan.config.out.mkdir(parents=True)
+        plan.config.out.mkdir(parents=True, exist_ok=True)  # run.log may be there already
         (plan.config.out / "config.toml").write_text("")
         raise KeyboardInterrupt
 

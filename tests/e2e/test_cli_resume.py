@@ -2,7 +2,9 @@
 alone, as the OOM killer does: every process it started, vLLM's engine core and workers
 or the Ray cluster it started, must be gone within 15 s), then `loomrl rollout --resume
 RUN_DIR`: every example's group exactly once, finished groups kept, in-flight
-trajectories continued from their unchanged token prefix.
+trajectories continued from their unchanged token prefix. The finished run directory is
+what a user gets from any rollout (its files, the summary on the terminal, the libraries'
+output in ``run.log`` and not on the terminal).
 
 The environment is guess_number with a slow step (an installed plugin, ``slow_guess``):
 tiny-random's turns take milliseconds, so without it the whole rollout can pass between
@@ -14,13 +16,14 @@ import contextlib
 import json
 import os
 import sys
+import tomllib
 
 import pytest
 import slow_guess
 from crash import check_resumed, kill_mid_production, run_session
 from ray_cluster import ray_tmpdir
 
-from loomrl.runs import read_trajectories
+from loomrl.runs import TRAJECTORY_SCHEMA, read_trajectories
 
 pytestmark = pytest.mark.e2e
 
@@ -57,3 +60,25 @@ def test_sigkilled_cli_rollout_resumes_exactly(tmp_path, where):
     assert metrics["producer/groups_launched"] == EXAMPLES
     assert metrics["producer/samples_resumed"] >= len(seen.partial)
     assert metrics["producer/samples_restarted"] == 0
+    if where == "in_process":
+        check_run_directory_and_output(run_dir, done)
+
+
+LIBRARY_NOISE = ("WARNING", "Triton", "libtcmalloc", "FutureWarning", "UserWarning", "[W")
+
+
+def check_run_directory_and_output(run_dir, done) -> None:
+    """What a user finds: the run's files, one conversation, the summary, and no line of
+    vLLM's, torch's or transformers' own on the terminal (they are in run.log)."""
+    assert "rollout summary" in done.stdout
+    assert "sample: example" in done.stdout  # one conversation is shown to the user
+    assert f"report: {run_dir / 'report.html'}" in done.stdout
+    for noise in LIBRARY_NOISE:
+        assert noise not in done.stdout + done.stderr, (noise, done.stdout, done.stderr)
+    rows = read_trajectories(run_dir / "trajectories.parquet")
+    assert set(rows[0]) == set(TRAJECTORY_SCHEMA.names)
+    config = tomllib.loads((run_dir / "config.toml").read_text())
+    assert config["env"] == "slow_guess" and config["n"] == N
+    assert (run_dir / "metrics.json").is_file() and (run_dir / "report.md").is_file()
+    log = (run_dir / "run.log").read_text()
+    assert "EngineCore" in log  # vLLM's lines, from the killed run and the resumed one

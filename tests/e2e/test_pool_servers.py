@@ -1,14 +1,18 @@
-"""A pool of two real vLLM servers (tiny-random, started by ``start_server``): one is
-killed with SIGKILL mid-rollout, and every trajectory still completes, once, meeting the
-token contract; the pool retires the dead server and counts the failovers. Both servers
-are stopped at the end with no process left behind."""
+"""A pool of two real vLLM servers (tiny-random; one started by ``start_server``, one by
+``loomrl serve`` as a user does): ``loomrl serve`` alone is killed with SIGKILL
+mid-rollout, its server and engine follow it (nothing runs its cleanup) and free the
+port, and every trajectory still completes, once, meeting the token contract; the pool
+retires the dead server and counts the failovers. Both servers are stopped at the end
+with no process left behind."""
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import os
 import signal
+import socket
 import subprocess
 import sys
 
@@ -38,13 +42,40 @@ checkpoint_every = 2
 """
 
 
+class ServeCommand:
+    """``loomrl serve`` in a session of its own, once it printed its URL."""
+
+    def __init__(self) -> None:
+        self.port = free_port()
+        argv = [sys.executable, "-m", "loomrl.cli", "serve", "--model", "tiny-random",
+                "--port", str(self.port), "--kv-cache-gib", "1", "--max-len", str(MAX_LEN),
+                "--max-num-seqs", "16"]  # fmt: skip
+        self.process = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                                        text=True, start_new_session=True)  # fmt: skip
+        self.pid = self.process.pid
+        lines: list[str] = []
+        while not (lines and lines[-1].startswith("serving tiny-random at ")):
+            lines.append(self.process.stdout.readline())
+            assert lines[-1] or self.process.poll() is None, "".join(lines)
+        self.url = lines[-1].split(" at ", 1)[1].split()[0]
+        assert self.url == f"http://127.0.0.1:{self.port}"
+
+    def alive(self) -> bool:
+        return self.process.poll() is None
+
+    def stop(self) -> None:
+        if self.alive():
+            self.process.send_signal(signal.SIGTERM)
+            self.process.wait(timeout=60)
+
+
 @pytest.fixture(scope="module")
 def servers():
     started = []
     try:
-        for _ in range(2):
-            started.append(start_server("tiny-random", port=free_port(), kv_cache_gib=1,
-                                        max_len=MAX_LEN, max_num_seqs=16))  # fmt: skip
+        started.append(start_server("tiny-random", port=free_port(), kv_cache_gib=1,
+                                    max_len=MAX_LEN, max_num_seqs=16))  # fmt: skip
+        started.append(ServeCommand())
         family = [
             p for s in started
             for p in [psutil.Process(s.pid), *psutil.Process(s.pid).children(recursive=True)]
@@ -53,7 +84,11 @@ def servers():
     finally:
         for server in started:
             server.stop()
-    assert not [p for p in family if p.is_running() and p.status() != psutil.STATUS_ZOMBIE]
+        if started and isinstance(started[-1], ServeCommand):  # whatever is left of its group
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(started[-1].pid, signal.SIGKILL)
+    _, alive = psutil.wait_procs(family, timeout=15)  # a stopped server's processes exit
+    assert not alive, [" ".join(p.cmdline())[:100] for p in alive if p.is_running()]
 
 
 def test_cli_rollout_and_train_on_two_servers(servers, tmp_path):
@@ -103,10 +138,13 @@ async def test_a_server_killed_mid_rollout_loses_and_duplicates_nothing(servers,
     victim = engines.replicas[1]
     env = loomrl.envs.load("guess_number", lo=1, hi=50)
 
+    family = psutil.Process(servers[1].pid).children(recursive=True)
+    assert len(family) >= 2  # vLLM's server and its engine core
+
     async def kill_when_busy() -> None:
         while victim.requests < 4 or victim.outstanding == 0:  # mid-rollout, requests in flight
             await asyncio.sleep(0.01)
-        os.killpg(servers[1].pid, signal.SIGKILL)
+        os.kill(servers[1].pid, signal.SIGKILL)  # `loomrl serve` alone, as the OOM killer does
 
     killer = asyncio.create_task(kill_when_busy())
     results = await loomrl.rollout(
@@ -115,6 +153,11 @@ async def test_a_server_killed_mid_rollout_loses_and_duplicates_nothing(servers,
     )  # fmt: skip
     assert killer.done()
     assert not servers[1].alive()
+    _, alive = psutil.wait_procs(family, timeout=15)
+    assert not alive, [" ".join(p.cmdline())[:100] for p in alive]
+    with socket.socket() as sock:  # nothing listens on the port: a new server may bind it
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as servers do
+        sock.bind(("127.0.0.1", servers[1].port))
     assert len(results) == 12
     assert len({(t.example_id, t.sample_index) for t in results}) == 12  # each exactly once
     assert all(t.status != Status.ERROR for t in results), [t.error for t in results]

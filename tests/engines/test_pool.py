@@ -424,7 +424,9 @@ async def test_baseline_routings_ignore_affinity(routing):
     served = [r.requests for r in engines.replicas]
     assert sum(served) == 8 and max(served) < 8  # one trajectory, spread over replicas
     assert sum(r.affinity_hits for r in engines.replicas) == 0
-    with pytest.raises(ValueError, match="routing must be one of affinity, least, random"):
+    with pytest.raises(
+        ValueError, match="routing must be one of affinity, trajectory, least, random"
+    ):
         EnginePool([ScriptedEngine(echo)], routing="sticky")
     await engines.close()
 
@@ -475,3 +477,126 @@ async def test_replicas_that_take_no_images_still_serve_text(engines):
     assert out.token_ids == expected([1, 2])
     with pytest.raises(TypeError, match="images"):  # a text-only engine cannot take them
         await p.generate([1, 2], PARAMS, "run-0.0:1", images=pictures(1))
+
+
+# -- group affinity ----------------------------------------------------------------------
+@pytest.mark.parametrize(("routing", "together"), [("affinity", True), ("trajectory", False)])
+async def test_a_groups_samples_start_on_one_replica(routing, together):
+    """A GRPO group's n samples open with the same prompt: with group affinity their
+    first turns go where the group's first went (one prefill), then each stays."""
+    engines = EnginePool([ScriptedEngine(echo) for _ in range(4)], routing=routing)
+    for sample in range(4):
+        await engines.generate([1, 2, 3], PARAMS, f"run-7.{sample}:0")
+    served = [r.requests for r in engines.replicas]
+    assert (max(served) == 4) is together and sum(served) == 4
+    await engines.generate([9, 9], PARAMS, "run-8.0:0")  # another group: the least loaded
+    await engines.generate([1, 2, 3, 4], PARAMS, "run-7.2:1")  # a sample's next turn stays
+    assert engines.metrics()["pool"]["affinity_hit_rate"] == 1.0
+    await engines.close()
+
+
+async def test_group_affinity_yields_to_load():
+    """All n samples of a group in flight at once: the group's replica takes them until
+    it is overloaded (``2 * least + affinity_slack``), the rest spread."""
+    held = Held()
+    replicas = [ScriptedEngine(echo, sleep=held, **STEP) for _ in range(2)]
+    engines = EnginePool(replicas, affinity_slack=2)
+    calls = [asyncio.ensure_future(engines.generate([1, 2, 3], PARAMS, f"run-5.{i}:0"))
+             for i in range(8)]  # fmt: skip
+    await asyncio.sleep(0.01)
+    loads = sorted(r.outstanding for r in engines.replicas)
+    assert sum(loads) == 8 and loads[1] > loads[0] and loads[1] <= 2 * loads[0] + 3
+    held.release()
+    await asyncio.gather(*calls)
+    await engines.close()
+
+
+# -- active health probes ----------------------------------------------------------------
+class Hung:
+    """A replica that stops answering: its generates and its health probes hang (a
+    server that accepts connections and never replies) until ``wake()``."""
+
+    def __init__(self, inner: ScriptedEngine) -> None:
+        self.inner = inner
+        self.hung = False
+        self.cancelled = 0
+        self.aborted: list[object] = []
+        self._awake = asyncio.Event()
+
+    def __getattr__(self, name):
+        return getattr(self.inner, name)
+
+    def wake(self) -> None:
+        self.hung = False
+        self._awake.set()
+
+    async def health(self) -> bool:
+        if self.hung:
+            await asyncio.sleep(3600)
+        return True
+
+    async def generate(self, prompt_ids, params, request_id=None, **images):
+        if not self.hung:
+            return await self.inner.generate(prompt_ids, params, request_id, **images)
+        try:
+            await asyncio.sleep(3600)
+        except asyncio.CancelledError:
+            self.cancelled += 1
+            raise
+
+    async def abort(self, request_ids=None):
+        self.aborted.append(request_ids)
+        if self.hung:
+            await asyncio.sleep(3600)
+        return []
+
+
+async def test_a_replica_that_hangs_is_drained_and_its_requests_move_on():
+    hung = Hung(ScriptedEngine(echo))
+    engines = EnginePool([hung, ScriptedEngine(echo)], health_interval_s=0.05,
+                         probe_timeout_s=0.05, probe_failures=2)  # fmt: skip
+    await engines.generate([1, 2], PARAMS, "run-1.0:0")  # replica 0 served it: home
+    assert engines.replicas[0].requests == 1
+    hung.hung = True
+    begin = asyncio.get_running_loop().time()
+    out = await engines.generate([1, 2, 3], PARAMS, "run-1.0:1")  # its home hangs
+    waited = asyncio.get_running_loop().time() - begin
+    assert out.token_ids == expected([1, 2, 3])  # the same request, answered elsewhere
+    assert 0.1 <= waited < 5.0  # two failed probes (deadline 0.05 s each), not 3600 s
+    assert hung.cancelled == 1 and engines.failovers == 1
+    assert engines.replicas[0].retired.startswith("drained: 2 health probes in a row")
+    assert engines.replicas[1].requests == 1
+    await asyncio.sleep(0.1)
+    assert hung.aborted == ["run-1.0:1"]  # left behind where it hung (and bounded too)
+    hung.wake()  # answers again, on the pool's weights: serves again
+    await settle(lambda: engines.replicas[0].retired is None)
+    await engines.close()
+
+
+async def test_one_failed_probe_does_not_drain_a_replica():
+    flaky = Flaky(ScriptedEngine(echo))
+    engines = EnginePool([flaky, ScriptedEngine(echo)], health_interval_s=0.02,
+                         probe_failures=3)  # fmt: skip
+    await engines.generate([1], PARAMS, "run-1.0:0")
+    for _ in range(5):  # down for one probe at a time, then up again
+        flaky.down = True
+        await asyncio.sleep(0.03)
+        flaky.down = False
+        await asyncio.sleep(0.05)
+    assert engines.replicas[0].retired is None
+    await engines.close()
+
+
+async def test_the_callers_own_cancellation_is_not_a_failover():
+    held = Held()
+    engines = EnginePool(
+        [ScriptedEngine(echo, sleep=held, **STEP), ScriptedEngine(echo, sleep=held, **STEP)]
+    )
+    call = asyncio.ensure_future(engines.generate([1, 2], PARAMS, "run-1.0:0"))
+    await asyncio.sleep(0.01)
+    call.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await call
+    assert engines.failovers == 0 and all(r.retired is None for r in engines.replicas)
+    assert all(not r.calls for r in engines.replicas)
+    await engines.close()

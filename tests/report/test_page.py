@@ -10,6 +10,7 @@ from html_blocks import blocks
 
 from loomrl.report import ReportConfig, build_report, load_run
 from loomrl.report.page import script_json
+from loomrl.runs import read_trajectories
 
 
 def test_the_page_loads_nothing_from_the_network(rollout_dir):
@@ -60,8 +61,32 @@ def test_runs_whose_directories_share_a_name_are_told_apart(train_dirs, tmp_path
     assert names == ["seed0/run · mean", "seed1/run · mean"]
 
 
-def test_a_rollout_has_no_learner_plots_and_says_so(rollout_dir):
+def test_a_rollout_shows_distributions_not_curves(rollout_dir):
     page = build_report([load_run(rollout_dir)], ReportConfig(max_texts=0))
-    assert 'id="fig-learner-' not in page
-    assert "Entropy (nats/token): no learner steps" in page
+    figures = {f["id"]: f for f in json.loads(blocks(page)["figures"])}
+    assert 'id="fig-learner-' not in page and "reward" not in figures  # no step curves
+    assert {"solved-by-k", "statuses", "reward-histogram", "length-by-outcome",
+            "turns-by-outcome"} <= set(figures)  # fmt: skip
+    rows = read_trajectories(rollout_dir / "trajectories.parquet")
+    solved: dict[int, int] = {}
+    for row in rows:  # guess_number: a sample solves its example with reward >= 1
+        solved[row["example_id"]] = solved.get(row["example_id"], 0) + (row["reward"] >= 1)
+    bars = figures["solved-by-k"]["data"][0]
+    assert bars["x"] == [0, 1, 2, 3]  # n = 3 samples an example
+    assert bars["y"] == [list(solved.values()).count(k) for k in range(4)]
+    assert sorted(figures["reward-histogram"]["data"][0]["x"]) == sorted(r["reward"] for r in rows)
+    boxes = figures["length-by-outcome"]["data"][0]
+    wins = sum(r["reward"] >= 1 for r in rows)
+    assert boxes["x"][0] == f"solved ({wins})" if wins else boxes["x"][0].startswith("not")
+    assert "<a href='#s-learner'>" not in page and "<a href='#s-outcomes'>" in page
     assert json.loads(blocks(page)["texts"]) == []
+
+
+def test_no_control_sits_on_a_title(rollout_dir, train_dirs):
+    """Plotly's mode bar stands upright in the right margin; titles start on the left."""
+    for runs in ([rollout_dir], train_dirs):
+        page = build_report([load_run(p) for p in runs], ReportConfig(max_texts=0))
+        for figure in json.loads(blocks(page)["figures"]):
+            layout = figure["layout"]
+            assert layout["modebar"]["orientation"] == "v", figure["id"]
+            assert layout["title"]["xanchor"] == "left" and layout["margin"]["r"] >= 40
