@@ -29,6 +29,7 @@ LAYERS: dict[str, int] = {
             "rundir",
             "lifeline",
             "reaper",
+            "terminal",
         ],
         1,
     ),

@@ -21,6 +21,7 @@ from typing import Any, TextIO
 
 from loomrl.cli import output
 from loomrl.rundir import LOG
+from loomrl.terminal import catch_other_output
 
 #: vLLM's and Python's error lines worth showing when a run fails
 _ERROR = re.compile(r"\b(ERROR|CRITICAL)\b|^\w*(Error|Exception)\b")
@@ -56,6 +57,7 @@ def libraries_to_run_log(run_dir: Path, *, verbose: bool, resume: bool) -> Itera
     os.dup2(target, 2)
     os.close(target)
     previous = _point_console_at(terminal_out, terminal_err)
+    catch_other_output(False)  # the spinners and bars leave other output to the log
     failed = False
     try:
         yield log
@@ -72,6 +74,7 @@ def libraries_to_run_log(run_dir: Path, *, verbose: bool, resume: bool) -> Itera
             os.dup2(copy, fd)
             os.close(copy)
         _point_console_at(*previous)
+        catch_other_output(True)
         for copy in (copy_out, copy_err):
             if copy is not None:
                 copy.close()

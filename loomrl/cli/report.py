@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import Any
 
 from loomrl.cli.output import UsageError, console, print_note
+from loomrl.terminal import status
 
 
 def add_parser(sub: Any) -> None:
@@ -45,7 +46,7 @@ def report_at_end(run_dir: Path) -> None:
     written: the run itself succeeded either way)."""
     from loomrl.report import refresh_report
 
-    with console.status("writing report.html"):
+    with status(console, "writing report.html"):
         out, why = refresh_report(run_dir)
     if out is None:
         print_note(str(why))

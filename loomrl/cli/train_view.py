@@ -15,6 +15,7 @@ from loomrl.report.refresher import BackgroundRefresh
 from loomrl.run.train import execute_train
 from loomrl.run.train_plan import TrainPlan
 from loomrl.run.train_report import report
+from loomrl.terminal import live_options
 
 COLUMNS = (
     ("step", "{:.0f}"), ("reward_mean", "{:.3f}"), ("reward/correct", "{:.3f}"),
@@ -44,7 +45,7 @@ async def run_train(plan: TrainPlan, console: Console) -> tuple[Path, list[dict[
     rows: list[dict[str, Any]] = []
     console.print(f"[bold]{title}[/] ({config.steps} steps; starting vLLM takes ~30 s)")
     page = BackgroundRefresh(out)  # the page follows the run; the final one comes last
-    with Live(table(rows, title), console=console, refresh_per_second=2) as live:
+    with Live(table(rows, title), console=console, refresh_per_second=2, **live_options()) as live:
 
         def show(row: dict[str, Any]) -> None:
             rows.append(row)

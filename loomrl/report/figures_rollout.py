@@ -46,8 +46,8 @@ def rollout_plots(runs: Sequence[Run], plots: Plots) -> None:
         statuses.append({"type": "bar", "name": name, "x": list(seen), "y": list(seen.values()),
                          **colour})  # fmt: skip
         scored = [row["reward"] for row in rows if row["outcome"] != "failed"]
-        rewards.append({"type": "histogram", "name": name, "x": scored, "opacity": 0.75,
-                        **colour})  # fmt: skip
+        rewards.append({"type": "histogram", "name": name, "x": scored, "nbinsx": 20,
+                        "opacity": 0.75, **colour})  # fmt: skip
         components += _means(runs, r, [row["components"] for row in rows if row["components"]])
         metrics += _means(runs, r, [row["metrics"] for row in rows if row["metrics"]])
         length += _by_outcome(runs, r, rows, "tokens")

@@ -38,6 +38,7 @@ from loomrl.run.rollout_loop import ENDED, play
 from loomrl.run.rollout_report import report_lines
 from loomrl.rundir import BUFFER, CONFIG, RunDir, RunDirError
 from loomrl.runs.write import write_results
+from loomrl.terminal import status
 from loomrl.types import SamplingParams
 
 EngineMaker = Callable[[RolloutConfig], Engine]
@@ -169,7 +170,7 @@ async def execute_rollout(
             else:
                 maker = make_engine or local_engine
                 starts = engines.EngineStarts(lambda: maker(config))
-                with console.status(f"starting the engine for {escape(config.model)}"):
+                with status(console, f"starting the engine for {escape(config.model)}"):
                     engine = await engines.open_run_engine(
                         config.model, config.engines, starts, ray, pool=config.pool
                     )
@@ -191,7 +192,7 @@ async def _placed_env(plan: RolloutPlan, ray: RaySession | None, console: Consol
     if ray is None:
         env = plan.env
     else:
-        with console.status(f"starting Ray env actors for {escape(config.env)}"):
+        with status(console, f"starting Ray env actors for {escape(config.env)}"):
             env = await ray.environment(config.env, config.env_args, lambda: plan.env)
     env = with_reward(env, config.reward)  # the run's reward in place of the env's score
     env = counting_turns(env, config)

@@ -20,6 +20,7 @@ from loomrl.episode.metrics import compute_metrics
 from loomrl.producer import GroupStatus, Producer, ProducerConfig, ReplayBuffer, Task
 from loomrl.producer.metrics import producer_metrics
 from loomrl.rollout import Rollouts, rollout
+from loomrl.terminal import live_options
 from loomrl.types import Trajectory
 
 if TYPE_CHECKING:
@@ -42,7 +43,7 @@ async def play(
     try:
         with Progress(
             TextColumn("[bold]rollout[/] {task.description}"), BarColumn(),
-            MofNCompleteColumn(), TimeElapsedColumn(), console=console,
+            MofNCompleteColumn(), TimeElapsedColumn(), console=console, **live_options(),
         ) as progress:  # fmt: skip
             total = len(plan.drawn.examples) * config.n
             bar = progress.add_task(escape(f"{config.env} x {config.model}"), total=total)

@@ -19,11 +19,16 @@ SCRIPT = textwrap.dedent(
     from pathlib import Path
     from loomrl.cli.output import console, print_note
     from loomrl.cli.quiet import libraries_to_run_log
+    from loomrl.terminal import status
 
     run, verbose, resume, fail = Path(sys.argv[1]), *(a == "1" for a in sys.argv[2:5])
+    console._force_terminal = True  # as on a terminal: live displays catch other output
     try:
         with libraries_to_run_log(run, verbose=verbose, resume=resume):
             console.print("progress: 3/3")
+            with status(console, "starting the engine"):  # vLLM starts under a spinner
+                print("a library's print under a spinner")
+                logging.getLogger("vllm").warning("WARNING a warning under a spinner")
             print_note("a note for the user")
             warnings.warn("a library's deprecation notice")
             logging.getLogger("vllm").warning("WARNING libtcmalloc is not found")
@@ -47,7 +52,10 @@ def _run(tmp_path, *, verbose=False, resume=False, fail=False):
     )  # fmt: skip
 
 
-LIBRARY_LINES = ("deprecation notice", "libtcmalloc", "NUMA binding", "engine core says")
+LIBRARY_LINES = (
+    "deprecation notice", "libtcmalloc", "NUMA binding", "engine core says",
+    "print under a spinner", "warning under a spinner",
+)  # fmt: skip
 
 
 def test_library_output_goes_to_the_run_log_and_loomrls_to_the_terminal(tmp_path):
