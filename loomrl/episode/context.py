@@ -6,7 +6,8 @@ env steps run at once. A scorer that is not thread-safe gets a one-thread pool o
 
 Hung calls: an env call past ``env_timeout`` is abandoned (its trajectory ends
 ``env_timeout``); its thread finishes in the background or dies with the process, which
-never waits for it at exit (``loomrl.workers``). With ``env_timeout=None`` (the
+never waits for it at exit, and the pool starts a thread in its place, so hangs now and
+then never use the pool up (``loomrl.workers``). With ``env_timeout=None`` (the
 library's default) nothing is abandoned: a call that never returns holds its rollout.
 
 Inline calls: an environment with ``nonblocking = True`` has its sync methods called
@@ -137,10 +138,7 @@ class RolloutContext:
             return await result if inspect.isawaitable(result) else result
         try:
             async with asyncio.timeout(self.env_timeout) as deadline:
-                if is_async:
-                    result = await fn(*args)
-                else:
-                    result = await asyncio.get_running_loop().run_in_executor(pool, fn, *args)
+                result = await fn(*args) if is_async else await _on_pool(pool, fn, args)
                 if inspect.isawaitable(result):
                     result = await result
         except TimeoutError:
@@ -167,6 +165,19 @@ class RolloutContext:
                     RuntimeWarning,
                     stacklevel=2,
                 )
+
+
+async def _on_pool(pool: Executor, fn: Callable[..., Any], args: tuple[Any, ...]) -> Any:
+    """``fn(*args)`` on ``pool``; a call its caller stops waiting for (a deadline, a
+    cancellation) is abandoned there, so a hung one does not hold a worker of the pool."""
+    future = pool.submit(fn, *args)
+    try:
+        return await asyncio.wrap_future(future)
+    except asyncio.CancelledError:
+        abandon = getattr(pool, "abandon", None)
+        if abandon is not None:
+            abandon(future)
+        raise
 
 
 def open_context(
