@@ -227,6 +227,8 @@ class RayEngine:
         with contextlib.suppress(EngineUnavailable, TimeoutError):
             async with asyncio.timeout(60):
                 await self._call("close")
+        if not ray.is_initialized():  # the cluster went while the actor closed
+            return
         with contextlib.suppress(Exception):  # already dead
             ray.kill(self._actor, no_restart=True)
         if self._placement is not None:
@@ -251,8 +253,11 @@ class RayEngine:
         try:
             return await ref
         except asyncio.CancelledError:
-            with contextlib.suppress(Exception):
-                ray.cancel(ref)
+            # A call cancelled after ray.shutdown() (a pool's probe at the end of its event
+            # loop) must not touch Ray: ray.cancel would start a new, empty local cluster.
+            if ray.is_initialized():
+                with contextlib.suppress(Exception):
+                    ray.cancel(ref)
             raise
         except dead_actor_errors() as exc:
             raise EngineUnavailable(f"{self.name} is gone: {type(exc).__name__}") from None

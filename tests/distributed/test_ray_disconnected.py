@@ -1,8 +1,8 @@
 """Engines and envs whose actors lived on a cluster this process has left (``ray.shutdown``,
-e.g. a pool's health probe still running after the run closed its cluster): their calls
-fail as unavailable engines and dead env actors, and Ray does not start a new, empty local
-cluster for them, which nothing would ever stop. In a process of its own: the test stops
-its cluster, not the session's."""
+e.g. a pool's health probe still running after the run closed its cluster, or a call
+cancelled after it): their calls fail as unavailable engines and dead env actors, and Ray
+does not start a new, empty local cluster for them, which nothing would ever stop. In a
+process of its own: the test stops its cluster, not the session's."""
 
 from __future__ import annotations
 
@@ -29,14 +29,19 @@ SCRIPT = textwrap.dedent(
 
     async def main():
         cluster = connect(None, num_cpus=4, object_store_gib=0.2)
-        make = functools.partial(ScriptedEngine, ["guess 3"])
+        make = functools.partial(ScriptedEngine, ["guess 3"], step_base_s=5.0)  # slow steps
         (engine,) = await start_engine_actors(make, 1, num_cpus=0.5)
         env = await RayEnvironment.start("guess_number", {}, actors=1)
         example = env.dataset(1)[0]
         state = await env.reset(example)
         assert await engine.health()
         pool = EnginePool([engine], health_interval_s=0.2)
+        in_flight = asyncio.create_task(engine.generate([1, 2], SamplingParams(max_tokens=4)))
+        await asyncio.sleep(1.0)  # its actor call is out when the cluster goes
         cluster.close()
+        in_flight.cancel()  # cancelled after the shutdown: nothing may call Ray for it
+        with pytest.raises(asyncio.CancelledError):
+            await in_flight
         assert not ray.is_initialized()
         assert not await engine.health()
         with pytest.raises(EngineUnavailable, match="no longer connected to the Ray cluster"):
