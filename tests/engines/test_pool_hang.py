@@ -21,13 +21,13 @@ import uvicorn
 from transformers import AutoTokenizer
 
 import loomrl
-from loomrl import Environment, EnvStep
 from loomrl.engines.pool import EnginePool
 from loomrl.engines.remote import RemoteEngine
 from loomrl.engines.remote_check import PROBE
 from loomrl.models import DEFAULT_MODEL, resolve
 from loomrl.types import SamplingParams, Status
 
+from .test_pool import Countdown  # three turns an episode: requests to catch hanging
 from .test_remote import FakeServer
 
 pytestmark = pytest.mark.timeout(120)
@@ -94,19 +94,6 @@ class Loopback:
             await send({"type": "http.response.body", "body": b""})
         else:
             await send({"type": "http.response.body", "body": response.content})
-
-
-class Countdown(Environment):
-    """Three turns an episode: enough requests in flight to catch some on the hung one."""
-
-    name = "countdown"
-    max_turns = 3
-
-    def step(self, state, message):
-        return EnvStep([{"role": "user", "content": f"left {state.turn}"}], done=False)
-
-    def score(self, state):
-        return 1.0
 
 
 @pytest.fixture
