@@ -183,15 +183,15 @@ class EnginePool:
                 replica = self._route(key)
                 replica.outstanding += 1
                 self._where[request_id] = replica
-                call = asyncio.ensure_future(
-                    replica.engine.generate(prompt_ids, params, request_id, **extra)
-                )
-                replica.calls.add(call)
+                call: Any = replica.engine.generate(prompt_ids, params, request_id, **extra)
+                if self._probed:  # a task only where a drain may cancel it (see pool_health)
+                    call = asyncio.ensure_future(call)
+                    replica.calls.add(call)
                 try:
                     out = await call
                 except (*FAILOVER_ERRORS, asyncio.CancelledError) as exc:
                     if isinstance(exc, asyncio.CancelledError):
-                        if not health.was_drained(replica, call):
+                        if not (self._probed and health.was_drained(replica, call)):
                             raise  # the caller's own cancellation
                     else:
                         self._retire(replica, f"generate raised {type(exc).__name__}: {exc}")
