@@ -1,7 +1,8 @@
 """``guess_number`` whose every step takes ``STEP_S`` seconds: a rollout of the real
 engine that lasts long enough for a test to kill it mid-episode even on a machine so busy
 that the test's own polling of the log is slow. Installed for a child process as the
-``loomrl.envs`` entry point ``slow_guess`` by ``install``."""
+``loomrl.envs`` entry point ``slow_guess`` by ``install``; ``STEP_S_VARIABLE`` in a
+process's environment sets its step time (0 for a run with no kill to wait for)."""
 
 from __future__ import annotations
 
@@ -13,11 +14,12 @@ from loomrl.envs.base import EnvState, EnvStep, Message
 from loomrl.envs.guess_number import GuessNumberEnv
 
 STEP_S = 0.3
+STEP_S_VARIABLE = "SLOW_GUESS_STEP_S"
 
 
 class SlowGuessNumber(GuessNumberEnv):
     async def step(self, state: EnvState, message: Message) -> EnvStep:  # type: ignore[override]
-        await asyncio.sleep(STEP_S)
+        await asyncio.sleep(float(os.environ.get(STEP_S_VARIABLE, STEP_S)))
         return super().step(state, message)
 
 

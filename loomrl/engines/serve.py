@@ -116,13 +116,16 @@ def server_command(
     max_num_seqs: int | None = None,
     model_dir: Path | None = None,
     block_size: int | None = None,
+    dtype: str | None = None,
 ) -> list[str]:
     """The command line that serves ``spec`` (resolved to a local directory, or
-    ``model_dir`` as it is) as ``--served-model-name spec``."""
+    ``model_dir`` as it is) as ``--served-model-name spec``; ``dtype`` None: the one
+    ``VLLMEngine`` picks for the model on this machine."""
     path = model_dir if model_dir is not None else resolve(spec)
     config_len = _config_max_len(path) if (path / "config.json").is_file() else 4096
     context = min(max_len or config_len, config_len)
-    dtype = serving_dtype(path) if (path / "config.json").is_file() else "auto"
+    if dtype is None:
+        dtype = serving_dtype(path) if (path / "config.json").is_file() else "auto"
     cmd = [
         sys.executable, "-m", "vllm.entrypoints.openai.api_server",
         "--model", str(path), "--served-model-name", spec,
@@ -162,6 +165,7 @@ def start_server(
     timeout_s: float = 600.0,
     model_dir: Path | None = None,
     block_size: int | None = None,
+    dtype: str | None = None,
 ) -> ServerProcess:
     """Start a vLLM server for ``spec`` and wait until ``/health`` answers.
 
@@ -171,7 +175,7 @@ def start_server(
     """
     cmd = server_command(
         spec, port=port, host=host, max_len=max_len, api_key=api_key, seed=seed,
-        max_num_seqs=max_num_seqs, model_dir=model_dir, block_size=block_size,
+        max_num_seqs=max_num_seqs, model_dir=model_dir, block_size=block_size, dtype=dtype,
     )  # fmt: skip
     env = lifeline.child_env(dict(os.environ))  # the server and its engine die with us
     env["VLLM_SERVER_DEV_MODE"] = "1"

@@ -24,6 +24,7 @@ import psutil
 
 from loomrl import lifeline
 from loomrl.engines.base import check_prompt, tokens_left
+from loomrl.engines.vllm_close import shut_down
 from loomrl.engines.vllm_cpu import one_process, uni_executor
 from loomrl.hardware import cpu_has_native_bf16
 from loomrl.models import is_vision, resolve
@@ -283,23 +284,13 @@ class VLLMEngine:
             return
         await self.abort()
         self._closed = True
-        self._llm.shutdown()
+        llm = self._llm
         # Drop vLLM's object now: its __del__ shuts down again and fails if it runs
         # during interpreter teardown.
         del self._llm
+        shut_down(llm, self._children)
+        del llm
         gc.collect()
-        # Python's resource tracker, started with the engine, only exits with this
-        # process (it ignores SIGTERM): waiting for it would add 15 s to every close.
-        # This process's own tracker serves it beyond this engine: it is left alone.
-        own = _own_resource_tracker()
-        mine = [p for p in self._children if p.pid != own]
-        trackers = [p for p in mine if _is_resource_tracker(p)]
-        engine = [p for p in mine if p not in trackers]
-        _, alive = psutil.wait_procs(engine, timeout=15)
-        for proc in [*alive, *trackers]:
-            with contextlib.suppress(psutil.Error):
-                proc.kill()
-        psutil.wait_procs([*alive, *trackers], timeout=5)
 
     async def __aenter__(self) -> VLLMEngine:
         return self
@@ -382,17 +373,3 @@ def _config_max_len(model_path: Path) -> int:
     if isinstance(text, dict) and text.get("max_position_embeddings"):
         return int(text["max_position_embeddings"])
     return int(config.get("max_position_embeddings") or 4096)
-
-
-def _own_resource_tracker() -> int | None:
-    from multiprocessing import resource_tracker
-
-    return getattr(resource_tracker._resource_tracker, "_pid", None)
-
-
-def _is_resource_tracker(proc: psutil.Process) -> bool:
-    """Whether ``proc`` is a ``multiprocessing`` resource tracker (gone ones are not)."""
-    try:
-        return "multiprocessing.resource_tracker" in " ".join(proc.cmdline())
-    except psutil.Error:
-        return False

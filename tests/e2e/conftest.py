@@ -17,14 +17,24 @@ pytestmark = pytest.mark.e2e
 os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
 
 
-@pytest.fixture(scope="module")  # one module uses it; an idle engine still costs CPU
-async def tiny_engine():
+@pytest.fixture(scope="session")
+async def tiny_session_engine():
     from loomrl.engines.vllm import VLLMEngine
 
-    # fp32 whatever the CPU: the learner's recompute must match it to 1e-4
+    # fp32 whatever the CPU: the learner's recompute must match it to 1e-4 (an idle engine
+    # costs memory only: its model runs in the engine core, which waits for requests)
     engine = VLLMEngine("tiny-random", max_model_len=512, max_num_seqs=64, dtype="float32")
     yield engine
     await engine.close()
+
+
+@pytest.fixture
+def tiny_engine(tiny_session_engine):
+    """The session's tiny-random engine. ``test_vllm_engine``'s last test closes it (that is
+    what it checks): a module that runs after that one starts its own."""
+    if tiny_session_engine._closed:
+        pytest.fail("tiny_engine was closed by test_close_leaves_no_processes; start one")
+    return tiny_session_engine
 
 
 @pytest.fixture(scope="session")

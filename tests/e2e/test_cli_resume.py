@@ -48,6 +48,7 @@ def test_sigkilled_cli_rollout_resumes_exactly(tmp_path, where):
         seen = kill_mid_production(start, run_dir, timeout=600, env=env, main_only=True)
     assert not (run_dir / "trajectories.parquet").exists()
 
+    env[slow_guess.STEP_S_VARIABLE] = "0"  # no kill to wait for any more
     refused = run_session([*cli, "--resume", str(run_dir), "--n", "3"], timeout=120, env=env)
     assert refused.returncode == 2 and "--resume continues" in refused.stderr
 

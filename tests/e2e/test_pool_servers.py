@@ -1,9 +1,9 @@
-"""A pool of two real vLLM servers (tiny-random; one started by ``start_server``, one by
-``loomrl serve`` as a user does): ``loomrl serve`` alone is killed with SIGKILL
-mid-rollout, its server and engine follow it (nothing runs its cleanup) and free the
-port, and every trajectory still completes, once, meeting the token contract; the pool
-retires the dead server and counts the failovers. Both servers are stopped at the end
-with no process left behind."""
+"""A pool of two real vLLM servers (tiny-random, each started by ``loomrl serve`` as a
+user does): ``loomrl serve`` alone is killed with SIGKILL mid-rollout, its server and
+engine follow it (nothing runs its cleanup) and free the port, and every trajectory still
+completes, once, meeting the token contract; the pool retires the dead server and counts
+the failovers. The other prints a URL that answers, and SIGTERM stops it with every
+process it started, freeing its port. Nothing is left behind at the end."""
 
 from __future__ import annotations
 
@@ -15,6 +15,7 @@ import signal
 import socket
 import subprocess
 import sys
+import urllib.request
 
 import psutil
 import pytest
@@ -23,7 +24,7 @@ from crash import run_session
 import loomrl
 from loomrl.engines import EnginePool
 from loomrl.engines.remote import RemoteEngine
-from loomrl.engines.serve import free_port, start_server
+from loomrl.engines.serve import free_port
 from loomrl.runs import read_trajectories
 from loomrl.types import SamplingParams, Status
 
@@ -71,11 +72,10 @@ class ServeCommand:
 
 @pytest.fixture(scope="module")
 def servers():
-    started = []
+    started: list[ServeCommand] = []
+    family: list[psutil.Process] = []
     try:
-        started.append(start_server("tiny-random", port=free_port(), kv_cache_gib=1,
-                                    max_len=MAX_LEN, max_num_seqs=16))  # fmt: skip
-        started.append(ServeCommand())
+        started += [ServeCommand(), ServeCommand()]
         family = [
             p for s in started
             for p in [psutil.Process(s.pid), *psutil.Process(s.pid).children(recursive=True)]
@@ -84,11 +84,22 @@ def servers():
     finally:
         for server in started:
             server.stop()
-        if started and isinstance(started[-1], ServeCommand):  # whatever is left of its group
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(started[-1].pid, signal.SIGKILL)
-    _, alive = psutil.wait_procs(family, timeout=15)  # a stopped server's processes exit
+        _, alive = psutil.wait_procs(family, timeout=15)  # a stopped server's processes exit
+        for left in alive:  # a failed check: end what outlived the stop, then say so
+            with contextlib.suppress(psutil.NoSuchProcess):
+                left.kill()
     assert not alive, [" ".join(p.cmdline())[:100] for p in alive if p.is_running()]
+
+
+def port_is_free(port: int) -> bool:
+    """Nothing listens on ``port``: a new server may bind it."""
+    with socket.socket() as sock:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as servers do
+        try:
+            sock.bind(("127.0.0.1", port))
+        except OSError:
+            return False
+    return True
 
 
 def test_cli_rollout_and_train_on_two_servers(servers, tmp_path):
@@ -155,9 +166,7 @@ async def test_a_server_killed_mid_rollout_loses_and_duplicates_nothing(servers,
     assert not servers[1].alive()
     _, alive = psutil.wait_procs(family, timeout=15)
     assert not alive, [" ".join(p.cmdline())[:100] for p in alive]
-    with socket.socket() as sock:  # nothing listens on the port: a new server may bind it
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as servers do
-        sock.bind(("127.0.0.1", servers[1].port))
+    assert port_is_free(servers[1].port)
     assert len(results) == 12
     assert len({(t.example_id, t.sample_index) for t in results}) == 12  # each exactly once
     assert all(t.status != Status.ERROR for t in results), [t.error for t in results]
@@ -171,3 +180,17 @@ async def test_a_server_killed_mid_rollout_loses_and_duplicates_nothing(servers,
         len(t.spans) for t in results
     )
     await engines.close()
+
+
+# Last in the module: it stops the first server.
+def test_serve_answers_and_sigterm_leaves_no_process(servers):
+    server = servers[0]
+    with urllib.request.urlopen(f"{server.url}/v1/models", timeout=10) as reply:
+        assert b'"id":"tiny-random"' in reply.read()
+    family = psutil.Process(server.pid).children(recursive=True)
+    assert len(family) >= 2  # the server and its engine core
+    server.process.send_signal(signal.SIGTERM)
+    assert server.process.wait(timeout=60) == 0
+    _, alive = psutil.wait_procs(family, timeout=15)
+    assert not alive, [" ".join(p.cmdline())[:100] for p in alive]
+    assert port_is_free(server.port)

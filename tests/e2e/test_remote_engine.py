@@ -30,8 +30,9 @@ PROMPTS = [[1, 504, 3300, 17], [1, 4012, 77, 1630, 930, 12], [5000, 431, 88]]
 
 
 def _launch():
+    # float32 as the session's in-process tiny engine, which it is compared with
     return start_server("tiny-random", port=free_port(), kv_cache_gib=1, max_len=MAX_LEN,
-                        max_num_seqs=16, api_key=KEY)  # fmt: skip
+                        max_num_seqs=16, api_key=KEY, dtype="float32")  # fmt: skip
 
 
 @pytest.fixture(scope="module")
@@ -52,20 +53,11 @@ async def engine(server):
     await engine.close()
 
 
-async def test_same_tokens_and_logprobs_as_the_in_process_engine(request):
-    from loomrl.engines.vllm import VLLMEngine
-
-    # The in-process engine runs first and is closed before the server starts (one vLLM
-    # at a time on this CPU).
+async def test_same_tokens_and_logprobs_as_the_in_process_engine(tiny_engine, server):
     params = SamplingParams(max_tokens=12, temperature=0.0, ignore_eos=True)
-    local = VLLMEngine("tiny-random", max_model_len=MAX_LEN, max_num_seqs=16)
-    try:
-        expected = [await local.generate(p, params) for p in PROMPTS]
-    finally:
-        await local.close()
-    server = request.getfixturevalue("server")
+    expected = [await tiny_engine.generate(p, params) for p in PROMPTS]
     async with RemoteEngine(server.url, model="tiny-random", api_key=KEY) as remote:
-        assert remote.max_model_len == MAX_LEN and remote.vocab_size == local.vocab_size
+        assert remote.max_model_len == MAX_LEN and remote.vocab_size == tiny_engine.vocab_size
         got = await asyncio.gather(*(remote.generate(p, params) for p in PROMPTS))
     for want, have in zip(expected, got, strict=True):
         assert have.token_ids == want.token_ids

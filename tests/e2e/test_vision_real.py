@@ -5,7 +5,10 @@ block per image and its hash in order, logprobs on every sampled token); the run
 Parquet files keep the images once, by hash. Training with images: the learner's
 recompute, fed the pixels the trajectories were sampled with, gives vLLM's sampling
 logprobs in both layouts (and does not with other pictures); after a learner step that
-moves the vision tower, a weight sync makes the engine agree with the new weights."""
+moves the vision tower, a weight sync makes the engine agree with the new weights. Through
+a real vLLM server (started by loomrl's launcher): the same greedy tokens and logprobs as
+the in-process engine for a prompt with two images, and shapes episodes over
+``RemoteEngine`` that keep the token contract, images included."""
 
 from __future__ import annotations
 
@@ -13,8 +16,11 @@ import pyarrow.parquet as pq
 import pytest
 import torch
 from contract import check_contract
+from PIL import Image
 
 import loomrl
+from loomrl.engines.remote import RemoteEngine
+from loomrl.engines.serve import free_port, start_server
 from loomrl.envs.shapes import ShapesEnv
 from loomrl.experience import compute_logprobs, make_experience, pack, pad
 from loomrl.models.loading import load_lm
@@ -83,6 +89,57 @@ async def test_more_images_than_the_engine_takes_is_a_clear_error(vision_engine)
     for traj in failed:
         assert "shows 5 images; this engine takes at most 4 per prompt" in traj.error
         assert traj.turns == 4 and len(traj.images) == 5
+
+
+MAX_LEN = 1024
+GREEDY = SamplingParams(max_tokens=10, temperature=0.0, ignore_eos=True)
+
+
+def two_images():
+    return [Image.new("RGB", (64, 64), (200, 30, 30)), Image.new("RGB", (48, 64), (20, 40, 220))]
+
+
+def prompt(chat):
+    content = [{"type": "image"}, {"type": "text", "text": "and"}, {"type": "image"},
+               {"type": "text", "text": "What colours are these?"}]  # fmt: skip
+    return chat.prompt_ids([{"role": "user", "content": content}])
+
+
+async def test_images_through_a_server_match_the_in_process_engine(vision_engine):
+    chat = vision_chat(vision_engine.model_path)
+    ids = prompt(chat)
+    assert len(block_starts(ids, chat)) == 2
+    expected = await vision_engine.generate(ids, GREEDY, "in-process", images=two_images())
+    server = start_server("smolvlm-tiny", port=free_port(), kv_cache_gib=1, max_len=MAX_LEN,
+                          max_num_seqs=8, dtype="float32")  # fmt: skip
+    try:
+        async with RemoteEngine(server.url, model="smolvlm-tiny") as engine:
+            out = await engine.generate(ids, GREEDY, "remote", images=two_images())
+            assert out.token_ids == expected.token_ids and len(out.token_ids) == 10
+            assert out.logprobs == pytest.approx(expected.logprobs, abs=1e-3)
+            assert out.text == expected.text and out.prompt_len == len(ids)
+            with pytest.raises(ValueError, match="2 image blocks for 1 images"):
+                await engine.generate(ids, GREEDY, images=two_images()[:1])
+            await remote_shapes_episodes(engine, chat)
+    finally:
+        server.stop()
+
+
+async def remote_shapes_episodes(engine: RemoteEngine, chat) -> None:
+    env = ShapesEnv(max_turns=2)
+    sampling = SamplingParams(max_tokens=12, temperature=1.0, seed=0)
+    results = await loomrl.rollout(
+        engine, env, env.dataset(2, seed=2), n=2, sampling=sampling, max_len=MAX_LEN
+    )
+    for traj in results:
+        assert traj.status in (Status.TERMINATED, Status.MAX_TURNS), traj.error
+        full = traj.prompt_ids + traj.completion_ids
+        shown = load_message_images(traj.messages)
+        assert len(block_starts(full, chat)) == len(shown) == len(traj.images) >= 1
+        assert traj.images == [image_hash(image) for image in shown]
+        assert verify(chat, traj.messages, full).ok
+        model = [lp for lp, bit in zip(traj.logprobs, traj.loss_mask, strict=True) if bit]
+        assert len(model) == traj.num_completion_tokens and all(lp <= 0 for lp in model)
 
 
 AGREE = 2e-3  # fp32 on both sides: measured ~3e-5, kept loose for other CPUs

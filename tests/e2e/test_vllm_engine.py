@@ -11,7 +11,7 @@ import torch
 
 import loomrl
 from loomrl.engines import PromptTooLongError
-from loomrl.engines.vllm import _own_resource_tracker
+from loomrl.engines.vllm_close import own_resource_tracker
 from loomrl.envs import load as load_env
 from loomrl.experience import compute_logprobs, pad
 from loomrl.models import resolve
@@ -199,7 +199,7 @@ async def test_the_learner_replays_the_samplers_top_p_top_k_exactly(tiny_engine)
 async def test_close_leaves_no_processes(tiny_engine):
     """Last in the module: it closes the module's engine (whose fixture's own close is
     then a no-op) instead of starting one more."""
-    spawned = [p for p in tiny_engine._children if p.pid != _own_resource_tracker()]
+    spawned = [p for p in tiny_engine._children if p.pid != own_resource_tracker()]
     assert spawned, "vLLM should run its engine core in a child process"
     result = await tiny_engine.generate([1, 2, 3], SamplingParams(max_tokens=4, ignore_eos=True))
     assert len(result.token_ids) == 4

@@ -127,5 +127,6 @@ async def test_turn_sync_waves_isolate_a_failure_and_finish(make_engine):
         ),
         60,
     )  # fmt: skip
-    assert env.resets == list(range(7))  # waves start in input order
+    # waves start in input order (within a wave, sync resets run on threads in any order)
+    assert [sorted(env.resets[i : i + 3]) for i in (0, 3, 6)] == [[0, 1, 2], [3, 4, 5], [6]]
     assert [t.status for t in result] == [Status.TERMINATED, Status.ERROR] + [Status.TERMINATED] * 5
