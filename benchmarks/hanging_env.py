@@ -7,7 +7,9 @@ side by side in one run: loomrl's env pool, which replaces a thread whose call w
 abandoned, and the same pool without replacement (``max_abandoned=0``: each hung call
 holds one of the 64 threads for good, as before). Throughput is successful episodes (not
 ``env_timeout``) finished per second in tenths of the episodes by finish order (the last
-tenth is the drain, when fewer episodes are left than run at once).
+tenth is the drain, when fewer episodes are left than run at once). Third: the env
+declared ``may_hang``, its steps in worker processes, each hung one killed with its
+process (nothing of it runs on).
 
     python benchmarks/hanging_env.py [--episodes 2000] [--hang 0.01] [--write]
 """
@@ -46,6 +48,15 @@ class Flaky(Environment):
     def __init__(self, hang: float, seed: int) -> None:
         self.hang, self.random, self.lock = hang, random.Random(seed), threading.Lock()
 
+    def __getstate__(self) -> dict[str, Any]:  # to a worker process (FlakyProcess)
+        return {"hang": self.hang}
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        import os
+
+        self.hang, self.lock = state["hang"], threading.Lock()
+        self.random = random.Random(os.getpid())  # each worker draws its own hangs
+
     def step(self, state, message):
         with self.lock:
             stuck = self.random.random() < self.hang
@@ -58,7 +69,16 @@ class Flaky(Environment):
         return 1.0
 
 
-async def run(args: argparse.Namespace, replace: bool, tokenizer) -> dict[str, Any]:
+class FlakyProcess(Flaky):
+    """The same, declared ``may_hang``: its steps run in worker processes, and a hung one
+    is killed with its process."""
+
+    may_hang = True
+
+
+async def run(
+    args: argparse.Namespace, replace: bool, tokenizer, env_type: type[Flaky] = Flaky
+) -> dict[str, Any]:
     pool = DaemonPool if replace else functools.partial(DaemonPool, max_abandoned=0)
     context.DaemonPool = pool  # the rollout builds its env pool from this name
     finished: list[tuple[float, bool]] = []
@@ -69,7 +89,7 @@ async def run(args: argparse.Namespace, replace: bool, tokenizer) -> dict[str, A
 
     engine = ScriptedEngine(lambda ids, p: "guess 5", tokenizer=tokenizer)
     examples = [{"question": f"Q{k}"} for k in range(args.episodes)]
-    await loomrl.rollout(engine, Flaky(args.hang, seed=0), examples, n=1, on_error="isolate",
+    await loomrl.rollout(engine, env_type(args.hang, seed=0), examples, n=1, on_error="isolate",
                          env_timeout=args.timeout, env_workers=WORKERS, concurrency=256,
                          on_trajectory=done)  # fmt: skip
     await engine.close()
@@ -98,21 +118,31 @@ def main() -> None:
     args = parser.parse_args()
     tokenizer = AutoTokenizer.from_pretrained(resolve(DEFAULT_MODEL))
     rows = []
-    for name, replace in (("replaced (loomrl)", True), ("held (no replacement)", False)):
-        r = asyncio.run(run(args, replace, tokenizer))
+    variants = (
+        ("threads, replaced (loomrl)", True, Flaky),
+        ("worker processes, killed (loomrl, may_hang)", True, FlakyProcess),
+        ("threads, held (no replacement)", False, Flaky),
+    )
+    for name, replace, env_type in variants:
+        r = asyncio.run(run(args, replace, tokenizer, env_type))
         t = r["tenths"]
         rows.append(
-            f"| {name} | {t[0]:.0f} | {t[1]:.0f} | {t[8]:.0f} | {t[9]:.0f} | {t[8] / t[1]:.2f} | "
+            f"| {name} | {t[0]:.0f} | {t[1]:.0f} | {t[8]:.0f} | {t[9]:.0f} | "
+            f"{t[8] / t[1] if t[1] else float('nan'):.2f} | "
             f"{r['timeouts']} | {r['wall']:.1f} |"
         )
     released.set()
     body = "\n".join([
         f"{args.episodes} episodes of 3 turns on a scripted engine, sync env steps of ~20 ms, "
         f"{args.hang:.0%} of env calls hang; env_timeout {args.timeout} s, {WORKERS} env "
-        "threads, 256 episodes at once. Throughput: successful episodes per second in tenths of "
-        "the episodes by finish order. The first tenth includes the ramp (every episode's "
-        "first turns) and the last the drain (fewer than 256 episodes left in flight) under "
-        "any pool: 10-20% and 80-90% compare the start and the end of the steady state.",
+        "threads (or worker processes), 256 episodes at once. Throughput: successful "
+        "episodes per second in tenths of the episodes by finish order. The first tenth "
+        "includes the ramp (every episode's first turns) and the last the drain (fewer than "
+        "256 episodes left in flight) under any pool: 10-20% and 80-90% compare the start "
+        "and the end of the steady state. The worker-process pool's first tenth also holds "
+        "its start (the fork server imports this script's modules, ~4 s, then 64 workers "
+        "fork); each call then costs a pickle of the state both ways, and a hung call is "
+        "killed with its process instead of running on in an abandoned thread.",
         "",
         "| env pool | first 10% (ramp) | 10-20% | 80-90% | last 10% (drain) | 80-90% / 10-20% "
         "| episodes timed out | wall s |",

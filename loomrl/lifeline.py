@@ -3,9 +3,10 @@
 A process killed by SIGKILL or the out-of-memory killer runs no cleanup, so its children
 must notice on their own. Two tools, both from the OS, never a search by process name:
 
-- ``watch_parent()`` runs in the child: a daemon thread waits on a pidfd of the parent
-  *process* (``os.pidfd_open``; Linux >= 5.3) and SIGKILLs this process when the parent
-  exits, so the child's own children notice in turn. It is armed through vLLM's
+- ``watch_parent()`` runs in the child (``watch(pid)`` for another process than its
+  parent): a daemon thread waits on a pidfd of the parent *process* (``os.pidfd_open``;
+  Linux >= 5.3) and SIGKILLs this process when the parent exits, so the child's own
+  children notice in turn. It is armed through vLLM's
   general-plugin hook (``arm_from_env``, an entry point of this package) in every vLLM
   process (the engine core, its workers, ``vllm serve``'s API server) whose environment
   has ``LOOMRL_DIE_WITH_PARENT`` set by another process: loomrl sets it (to its own pid,
@@ -71,15 +72,25 @@ def watch_parent() -> bool:
     a process (no pidfd). A parent that is already gone (this process was reparented
     to init) kills it at once."""
     parent = os.getppid()
-    if parent in _watched:
-        return True
     if parent == 1:
         os.kill(os.getpid(), signal.SIGKILL)
+    return watch(parent)
+
+
+def watch(pid: int) -> bool:
+    """Kill this process when process ``pid`` exits (at once if it is gone); False when
+    the OS cannot watch a process (no pidfd). For a child whose parent is not the process
+    it serves (one forked by multiprocessing's fork server, which outlives its client
+    while any of its children live)."""
+    if pid in _watched:
+        return True
     try:
-        fd = os.pidfd_open(parent)
+        fd = os.pidfd_open(pid)
+    except ProcessLookupError:
+        os.kill(os.getpid(), signal.SIGKILL)
     except (AttributeError, OSError):  # not Linux, or a kernel before 5.3
         return False
-    _watched.add(parent)
+    _watched.add(pid)
     threading.Thread(target=_wait_then_die, args=(fd,), name="loomrl-lifeline", daemon=True).start()
     return True
 

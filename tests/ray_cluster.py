@@ -16,12 +16,15 @@ import psutil
 
 
 def ray_processes(root: Path) -> list[psutil.Process]:
-    """Live processes, but this one, whose command line names ``root`` (a Ray temp dir) or
-    that run with ``RAY_TMPDIR=root`` (what the cluster's workers started, e.g. vLLM's)."""
+    """Live processes, but this one and its own multiprocessing helpers (started while a
+    session's cluster set ``RAY_TMPDIR``), whose command line names ``root`` (a Ray temp
+    dir) or that run with ``RAY_TMPDIR=root`` (what the cluster's workers started)."""
     found = []
-    for proc in psutil.process_iter(["cmdline", "status"]):
+    for proc in psutil.process_iter(["cmdline", "status", "ppid"]):
         if proc.pid == os.getpid() or proc.info["status"] == psutil.STATUS_ZOMBIE:
             continue
+        if proc.info["ppid"] == os.getpid() and _multiprocessing_helper(proc.info["cmdline"]):
+            continue  # this process's own (resource tracker, fork server): not the cluster's
         try:
             ours = proc.environ().get("RAY_TMPDIR") == str(root)
         except (psutil.AccessDenied, psutil.NoSuchProcess, psutil.ZombieProcess):
@@ -29,6 +32,11 @@ def ray_processes(root: Path) -> list[psutil.Process]:
         if ours or str(root) in " ".join(proc.info["cmdline"] or []):
             found.append(proc)
     return found
+
+
+def _multiprocessing_helper(cmdline: list[str] | None) -> bool:
+    line = " ".join(cmdline or [])
+    return "multiprocessing.resource_tracker" in line or "multiprocessing.forkserver" in line
 
 
 def assert_gone(root: Path, timeout: float = 20.0) -> None:

@@ -25,6 +25,8 @@ LAYERS: dict[str, int] = {
             "redact",
             "hardware",
             "workers",
+            "process_calls",
+            "process_preload",
             "algos",
             "rundir",
             "lifeline",

@@ -121,6 +121,13 @@ class Environment(abc.ABC):
     #: blocks: the loop then calls them inline instead of through the env thread pool
     #: (a thread hop costs 0.1-0.5 ms; env_timeout cannot interrupt inline calls).
     nonblocking: bool = False
+    #: True when a sync ``reset`` or ``step`` may block for good (a C extension, a
+    #: library call without a timeout): they then run in worker processes, each with a
+    #: pickled copy of the environment, and a call past ``env_timeout`` is killed with its
+    #: process (``loomrl.process_calls``). Keep episode data in the state: changes the
+    #: methods make to ``self`` stay in the worker's copy. Costs a pickle of the state
+    #: per call (~0.1-1 ms) and ``env_workers`` processes forked when a rollout starts.
+    may_hang: bool = False
     system_prompt: str | None = None
     #: How ``EnvStep.reward`` values and ``score`` make the episode's reward: "final",
     #: "sum", "final+sum" or "discounted" (by ``turn_discount`` per turn); see

@@ -7,7 +7,9 @@ env steps run at once. A scorer that is not thread-safe gets a one-thread pool o
 Hung calls: an env call past ``env_timeout`` is abandoned (its trajectory ends
 ``env_timeout``); its thread finishes in the background or dies with the process, which
 never waits for it at exit, and the pool starts a thread in its place, so hangs now and
-then never use the pool up (``loomrl.workers``). With ``env_timeout=None`` (the
+then never use the pool up (``loomrl.workers``). An environment with ``may_hang = True``
+has its ``reset`` and ``step`` run in worker processes instead, and an abandoned call is
+killed with its process (``loomrl.process_calls``). With ``env_timeout=None`` (the
 library's default) nothing is abandoned: a call that never returns holds its rollout.
 
 Inline calls: an environment with ``nonblocking = True`` has its sync methods called
@@ -35,6 +37,7 @@ from loomrl.engines.base import Engine
 from loomrl.envs.base import Environment, EnvState, EnvTimeout
 from loomrl.episode.pacing import Pacing
 from loomrl.episode.turn_rewards import check_mode
+from loomrl.process_calls import ProcessCalls
 from loomrl.tokens import ChatTokenizer
 from loomrl.types import SamplingParams, Trajectory
 from loomrl.workers import DaemonPool
@@ -227,10 +230,14 @@ def open_context(
         max_len=limit,
         env_timeout=env_timeout,
         isolate_errors=isolate_errors,
-        env_pool=DaemonPool(env_workers, name="loomrl-env"),
+        env_pool=(
+            ProcessCalls(env, env_workers, name="loomrl-env")
+            if env.may_hang
+            else DaemonPool(env_workers, name="loomrl-env")
+        ),
         score_pool=DaemonPool(env_workers if env.thread_safe else 1, name="loomrl-score"),
         run_id=uuid.uuid4().hex[:8],
-        inline=env.nonblocking,
+        inline=env.nonblocking and not env.may_hang,
         max_obs_tokens=_obs_budget(env),
     )
 
