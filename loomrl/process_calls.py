@@ -36,10 +36,13 @@ from concurrent.futures import Executor, Future
 from multiprocessing.connection import Connection
 from typing import Any
 
-from loomrl import process_preload
 from loomrl.workers import DaemonPool
 
 _STARTING = threading.Lock()
+# What loomrl.process_preload (imported by the fork server alone) reads when it starts.
+PRELOAD_PATH = "LOOMRL_FORK_SERVER_PATH"
+PRELOAD_MODULE = "LOOMRL_FORK_SERVER_MODULE"
+PRELOAD_MAIN = "LOOMRL_FORK_SERVER_MAIN"
 
 
 class ProcessCallError(RuntimeError):
@@ -196,15 +199,15 @@ class _Worker:
         )
         self.process.daemon = True
         with _STARTING:  # what loomrl.process_preload reads, if this starts the fork server
-            os.environ[process_preload.PATH_VARIABLE] = os.pathsep.join(sys.path)
-            os.environ[process_preload.MODULE_VARIABLE] = module
-            os.environ[process_preload.MAIN_VARIABLE] = _main_path()
+            os.environ[PRELOAD_PATH] = os.pathsep.join(sys.path)
+            os.environ[PRELOAD_MODULE] = module
+            os.environ[PRELOAD_MAIN] = _main_path()
             try:
                 self.process.start()
             finally:
-                os.environ.pop(process_preload.PATH_VARIABLE, None)
-                os.environ.pop(process_preload.MODULE_VARIABLE, None)
-                os.environ.pop(process_preload.MAIN_VARIABLE, None)
+                os.environ.pop(PRELOAD_PATH, None)
+                os.environ.pop(PRELOAD_MODULE, None)
+                os.environ.pop(PRELOAD_MAIN, None)
         theirs.close()
 
     def call(self, method: str, args: tuple[Any, ...]) -> tuple[bool, Any, tuple[Any, ...]]:

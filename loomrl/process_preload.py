@@ -12,20 +12,16 @@ import importlib
 import os
 import sys
 
-PATH_VARIABLE = "LOOMRL_FORK_SERVER_PATH"
-MODULE_VARIABLE = "LOOMRL_FORK_SERVER_MODULE"
-MAIN_VARIABLE = "LOOMRL_FORK_SERVER_MAIN"
+from loomrl.process_calls import PRELOAD_MAIN, PRELOAD_MODULE, PRELOAD_PATH
 
 
 def _preload() -> None:
-    path = [p for p in os.environ.pop(PATH_VARIABLE, "").split(os.pathsep) if p]
+    path = [p for p in os.environ.pop(PRELOAD_PATH, "").split(os.pathsep) if p]
+    module, script = os.environ.pop(PRELOAD_MODULE, ""), os.environ.pop(PRELOAD_MAIN, "")
     sys.path[:0] = [p for p in path if p not in sys.path]
-    module = os.environ.pop(MODULE_VARIABLE, "")
     with contextlib.suppress(Exception):  # the worker says what fails, by name
-        if module == "__main__":  # a class of the script that was run: import it (its
-            main = getattr(sys.modules["__main__"], "__file__", None)  # own imports
-            script = os.environ.pop(MAIN_VARIABLE, "")  # need the path above first)
-            if script and main != script:
+        if module == "__main__":  # a class of the script that was run: import the script
+            if script and getattr(sys.modules["__main__"], "__file__", None) != script:
                 from multiprocessing import process, spawn
 
                 process.current_process()._inheriting = True  # type: ignore[attr-defined]

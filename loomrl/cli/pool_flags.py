@@ -10,6 +10,7 @@ from pydantic import BaseModel, ValidationError
 
 from loomrl.cli.output import UsageError
 from loomrl.config import describe
+from loomrl.engines.pool import ROUTINGS
 from loomrl.engines.pool_config import PoolConfig
 
 FLAGS = {
@@ -21,7 +22,7 @@ Config = TypeVar("Config", bound=BaseModel)
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
-        "--routing", choices=("affinity", "trajectory", "least", "random"),
+        "--routing", choices=ROUTINGS,
         help="how a pool of replicas routes requests (default affinity)",
     )  # fmt: skip
     parser.add_argument(

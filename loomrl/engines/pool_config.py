@@ -5,9 +5,11 @@ actors); ``request_timeout`` also bounds each request to a server."""
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
+
+from loomrl.engines.pool import Routing
 
 
 class PoolConfig(BaseModel):
@@ -15,7 +17,7 @@ class PoolConfig(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
-    routing: Literal["affinity", "trajectory", "least", "random"] = Field(
+    routing: Routing = Field(
         "affinity",
         description="'affinity': a trajectory stays on its replica and a group's samples start "
         "on one; 'trajectory': without the group rule; 'least' / 'random': baselines",

@@ -19,6 +19,7 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from loomrl.lru import LRUCache
 from loomrl.rundir import STEP_PREFIX, RunDir
 from loomrl.rundir import read_rows as read_metric_rows
 
@@ -150,9 +151,8 @@ def _summary(files: list[Path], steps: list[int]) -> pa.Table:
 
 
 #: Summaries of files already read, by (path, mtime, size): a training run's report is
-#: rebuilt every few steps, and its step files never change once written.
-_SUMMARIES: dict[tuple[str, int, int], pa.Table] = {}
-_SUMMARIES_KEPT = 4096
+#: rebuilt every few steps (by one thread), and its step files never change once written.
+_SUMMARIES: LRUCache[tuple[str, int, int], pa.Table] = LRUCache(4096)
 
 
 def _file_summary(path: Path) -> pa.Table:
@@ -164,20 +164,15 @@ def _file_summary(path: Path) -> pa.Table:
     cached = _SUMMARIES.get(key)
     if cached is not None:
         return cached
-    table = _read(path, list(SUMMARY_COLUMNS))
-    metrics = (  # a later column: an older file's trajectories report none
-        _read(path, ["env_metrics"]).column(0)
-        if "env_metrics" in pq.read_schema(path).names
-        else pa.array(["{}"] * table.num_rows, pa.string())
-    )
-    table = table.append_column("env_metrics", metrics)
-    if len(_SUMMARIES) >= _SUMMARIES_KEPT:
-        _SUMMARIES.pop(next(iter(_SUMMARIES)))
-    _SUMMARIES[key] = table
+    table = _read(path, list(SUMMARY_COLUMNS), optional=("env_metrics",))
+    if "env_metrics" not in table.column_names:  # a later column: an older file has none
+        table = table.append_column("env_metrics", pa.array(["{}"] * table.num_rows, pa.string()))
+    _SUMMARIES.put(key, table)
     return table
 
 
-def _read(path: Path, columns: list[str]) -> pa.Table:
+def _read(path: Path, columns: list[str], optional: tuple[str, ...] = ()) -> pa.Table:
+    """``columns`` of the file, and those of ``optional`` it has."""
     try:
         schema = pq.read_schema(path)
     except (OSError, pa.ArrowException) as exc:
@@ -185,6 +180,7 @@ def _read(path: Path, columns: list[str]) -> pa.Table:
     missing = [c for c in columns if c not in schema.names and c != "error"]
     if missing:
         raise ReportError(f"{path}: not a trajectories file (no column {', '.join(missing)})")
+    columns = [*columns, *(c for c in optional if c in schema.names)]
     try:
         return pq.read_table(path, columns=columns)
     except (OSError, pa.ArrowException) as exc:
