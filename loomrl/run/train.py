@@ -44,7 +44,7 @@ async def execute_train(
                 run.record({"step": 0, **baseline})  # every curve's starting point
             for step in range(plan.start, config.steps):
                 trajs = await run.produce(step)
-                learned = run.learn(step, trajs)
+                learned = await run.learn_beside_production(step, trajs)
                 synced = await run.sync(step)
                 row = run.row(step, trajs, learned | synced)
                 run.record(row | await run.evaluate(step + 1), trajs)

@@ -9,6 +9,7 @@ produced again.
 
 from __future__ import annotations
 
+import asyncio
 import functools
 import time
 from collections.abc import Callable
@@ -157,6 +158,14 @@ class Trainer:
         flat = [t for g in groups for t in g.trajectories()]
         self._rollout_s = time.perf_counter() - self._started
         return Rollouts(flat, compute_metrics(flat, self.config.n, self._rollout_s))
+
+    async def learn_beside_production(self, step: int, trajs: Rollouts) -> dict[str, Any]:
+        """``learn``, on a worker thread under the async producer: the event loop stays
+        free to deliver tokens, step environments and launch groups while the learner
+        trains (on the loop, production would stall for the whole step)."""
+        if self.config.producer == "async":
+            return await asyncio.to_thread(self.learn, step, trajs)
+        return self.learn(step, trajs)
 
     def learn(self, step: int, trajs: Rollouts) -> dict[str, Any]:
         """Experience and one learner (and critic) step; the shaper's after-step update."""

@@ -4,12 +4,15 @@ checkpoints, weight syncs, and a resume that loses and repeats nothing."""
 from __future__ import annotations
 
 import json
+import time
 
 import pyarrow.parquet as pq
 import pytest
 
 from loomrl.engines import ScriptedEngine
+from loomrl.producer.group import GroupStatus
 from loomrl.run.train import train
+from loomrl.run.trainer import Trainer
 from loomrl.train.checkpoint import latest_checkpoint, list_checkpoints
 from loomrl.train.config import TrainConfig
 
@@ -124,6 +127,25 @@ async def test_async_production_keeps_every_step_within_the_staleness_bound(tmp_
             assert step - 1 - 1 <= min(r["span_versions"]) <= max(r["span_versions"]) <= step - 1
     consumed = [r["group_id"] for s in range(1, 6) for r in segment_rows(tmp_path, s)]
     assert len(set(consumed)) * 3 == len(consumed)  # no group trained twice
+
+
+async def test_async_production_goes_on_while_the_learner_trains(tmp_path, engines, monkeypatch):
+    """The learner runs off the event loop: groups complete during a (slowed) learner step."""
+    seen: list[tuple[int, int]] = []
+    learn = Trainer.learn
+
+    def slow_learn(self, step, trajs):
+        before = self.buffer.count(status=GroupStatus.COMPLETED)
+        time.sleep(0.5)  # a learner step; production should fill the buffer meanwhile
+        seen.append((before, self.buffer.count(status=GroupStatus.COMPLETED)))
+        return learn(self, step, trajs)
+
+    monkeypatch.setattr(Trainer, "learn", slow_learn)
+    run = config(producer="async", max_staleness=1, steps=3)
+    rows = await train(run, tmp_path, make_engine=engines)
+    assert [r["step"] for r in rows] == [1, 2, 3]
+    assert any(after > before for before, after in seen), seen
+    assert max(r["producer/staleness_max"] for r in rows) == 1  # made ahead, trained a step later
 
 
 async def test_tasks_share_each_step_by_weight(tmp_path, engines):
