@@ -228,16 +228,24 @@ def rloo(rewards: Tensor, group_ids: Tensor, mask: Tensor) -> AdvantageOutput:
 
 
 def _reinforce_pp(
-    rewards: Tensor, mask: Tensor, kl: Tensor | None, kl_coef: float, gamma: float, unbiased: bool
-) -> AdvantageOutput:
+    rewards: Tensor, mask: Tensor, kl: Tensor | None, kl_coef: float, gamma: float, unbiased: bool,
+    token_rewards: Tensor | None = None,
+) -> AdvantageOutput:  # fmt: skip
     m = as_bool_mask(mask)
     if kl is None and kl_coef != 0.0:
         raise ValueError(f"kl_coef={kl_coef} needs the per-token kl [B, T]")
     if kl is None:
-        token_rewards = torch.where(last_token_mask(m), rewards.unsqueeze(1), 0.0)  # [B, T]
+        per_token = torch.where(last_token_mask(m), rewards.unsqueeze(1), 0.0)  # [B, T]
     else:
-        token_rewards = kl_penalty_in_reward(rewards, kl, m, kl_coef)  # [B, T]
-    returns = discounted_returns(token_rewards, m, gamma)  # [B, T]
+        per_token = kl_penalty_in_reward(rewards, kl, m, kl_coef)  # [B, T]
+    if token_rewards is not None:
+        if token_rewards.shape != m.shape:
+            raise ValueError(
+                f"token_rewards must be [B, T] like mask {tuple(m.shape)}, "
+                f"got {tuple(token_rewards.shape)}"
+            )
+        per_token = per_token + _float(token_rewards).to(per_token.dtype)
+    returns = discounted_returns(per_token, m, gamma)  # [B, T]
     return AdvantageOutput(whiten(returns, m, unbiased=unbiased), returns)
 
 
@@ -249,16 +257,18 @@ def reinforce_pp(
     kl_coef: float = 0.0,
     gamma: float = 1.0,
     unbiased: bool = True,
+    token_rewards: Tensor | None = None,
 ) -> AdvantageOutput:
     """REINFORCE++: reward-to-go of (outcome reward - kl_coef·kl), whitened over the batch.
 
-    ``r_t = -kl_coef · kl_t + r · [t = last model token]``;
+    ``r_t = -kl_coef · kl_t + r · [t = last model token] + token_rewards_t``;
     ``G_t = r_t + gamma · G_{next model token}``; ``A = whiten(G)`` over all mask-1 tokens.
-    Inputs: ``rewards [B]``, ``mask [B, T]``, optional per-token ``kl [B, T]``.
+    Inputs: ``rewards [B]``, ``mask [B, T]``, optional per-token ``kl [B, T]`` and
+    ``token_rewards [B, T]`` (e.g. turn rewards on their turns, ``turn_credit = "turn"``).
     ``returns`` = ``G`` (not whitened).
     """
     _check_batch(rewards, mask)
-    return _reinforce_pp(_float(rewards), mask, kl, kl_coef, gamma, unbiased)
+    return _reinforce_pp(_float(rewards), mask, kl, kl_coef, gamma, unbiased, token_rewards)
 
 
 @register("reinforce_pp_baseline")

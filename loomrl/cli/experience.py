@@ -44,6 +44,10 @@ def add_parser(sub: Any) -> None:
     )  # fmt: skip
     exp.add_argument("--reward-norm", choices=["none", "batch", "running"])
     exp.add_argument(
+        "--turn-credit", choices=["episode", "turn"],
+        help="'turn': each turn's reward on its last model token (reinforce_pp)",
+    )  # fmt: skip
+    exp.add_argument(
         "--reward-clip", type=float, nargs="+", metavar="B",
         help="clip rewards to [-B, B], or to [LOW, HIGH] given two values",
     )  # fmt: skip
@@ -75,7 +79,7 @@ def shaping_of(args: argparse.Namespace) -> ShapingConfig:
         raise UsageError(f"--reward-clip takes a bound B or LOW HIGH, got {len(clip)} values")
     overrides = {
         "estimator": args.estimator, "drop_zero_variance": args.drop_zero_variance,
-        "reward_norm": args.reward_norm,
+        "reward_norm": args.reward_norm, "turn_credit": args.turn_credit,
         "reward_clip": None if clip is None else (clip[0] if len(clip) == 1 else clip),
         "whiten_advantages": args.whiten_advantages, "advantage_clip": args.advantage_clip,
         "overlong_buffer": args.overlong_buffer,

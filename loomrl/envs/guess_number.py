@@ -4,6 +4,11 @@ The first integer in each reply is the guess. Reward: ``solved`` is 1 on success
 ``turn_penalty`` takes ``per_turn_penalty`` for each guess after the first, so fewer
 turns score higher; a failed episode scores 0. ``score`` replays the conversation, so
 it is right even when the loop truncated the episode at ``max_turns``.
+
+``step_reward`` > 0 adds a reward per turn (and counts it: ``turn_reward = "final+sum"``):
+``+step_reward`` for a guess the answers so far still allow (in range, not ruled out by
+an earlier "higher" or "lower"), ``-step_reward`` for one they rule out or a reply
+without an integer: credit a multi-turn learner can place on the turn that earned it.
 """
 
 from __future__ import annotations
@@ -42,7 +47,12 @@ class GuessNumberEnv(Environment):
     )
 
     def __init__(
-        self, lo: int = 1, hi: int = 50, max_turns: int = 6, per_turn_penalty: float = 0.1
+        self,
+        lo: int = 1,
+        hi: int = 50,
+        max_turns: int = 6,
+        per_turn_penalty: float = 0.1,
+        step_reward: float = 0.0,
     ) -> None:
         if lo > hi or max_turns < 1:
             raise ValueError(f"guess_number needs lo <= hi and max_turns >= 1, got {lo}, {hi}")
@@ -50,6 +60,11 @@ class GuessNumberEnv(Environment):
             raise ValueError("per_turn_penalty * (max_turns - 1) must stay in [0, 1)")
         self.lo, self.hi, self.max_turns = lo, hi, max_turns
         self.per_turn_penalty = per_turn_penalty
+        if step_reward < 0:
+            raise ValueError(f"step_reward must be >= 0, got {step_reward}")
+        self.step_reward = step_reward
+        if step_reward:
+            self.turn_reward = "final+sum"  # the per-turn rewards count
 
     def dataset(self, n: int, seed: int = 0) -> list[dict[str, Any]]:
         question = (
@@ -63,15 +78,33 @@ class GuessNumberEnv(Environment):
     def step(self, state: EnvState, message: Message) -> EnvStep:
         guess = first_int(message["content"])
         secret = state.example["answer"]
+        reward = self._turn_reward(state, guess, secret)
         if guess is None:
             reply = f"Reply with a single integer between {self.lo} and {self.hi}."
         elif guess == secret:
             return EnvStep(
-                [{"role": "user", "content": "correct"}], done=True, info={"guess": guess}
-            )
+                [{"role": "user", "content": "correct"}], done=True, reward=reward,
+                info={"guess": guess},
+            )  # fmt: skip
         else:
             reply = "higher" if guess < secret else "lower"
-        return EnvStep([{"role": "user", "content": reply}], done=False, info={"guess": guess})
+        return EnvStep(
+            [{"role": "user", "content": reply}], done=False, reward=reward, info={"guess": guess}
+        )
+
+    def _turn_reward(self, state: EnvState, guess: int | None, secret: int) -> float | None:
+        """``±step_reward`` for a guess the answers so far allow or rule out (None: off);
+        narrows the allowed range by this guess's answer."""
+        if not self.step_reward:
+            return None
+        low, high = state.data.get("allowed", (self.lo, self.hi))
+        allowed = guess is not None and low <= guess <= high
+        if guess is not None and guess < secret:
+            low = max(low, guess + 1)
+        elif guess is not None and guess > secret:
+            high = min(high, guess - 1)
+        state.data["allowed"] = (low, high)
+        return self.step_reward if allowed else -self.step_reward
 
     def score(self, state: EnvState) -> dict[str, float]:
         secret = state.example["answer"]

@@ -23,10 +23,13 @@ Shaping (``ShapingConfig``) runs in this order:
    ``token_rewards`` for ``gae``, and for outcome estimators (``grpo``, ``rloo``) as the
    sum over the sample's tokens, ``r - β Σ_t kl_t`` (what verl's GRPO and RLOO read
    from token-level rewards); it needs a trainer's models (``ModelPasses.logprobs``);
-6. the **advantage estimator** (``loomrl.algos.advantages``; a critic's ``values`` from
+6. **credit per turn** (``turn_credit = "turn"``, ``loomrl.experience.turn_credit``):
+   each turn's reward as a token reward on the turn's last model token, the rest of the
+   reward on the last one;
+7. the **advantage estimator** (``loomrl.algos.advantages``; a critic's ``values`` from
    ``ModelPasses.values``); forked episodes' earlier segments become rows of their own
    with the episode's one advantage (outcome estimators only);
-7. **advantage whitening** over the batch's trained tokens, then **clipping**.
+8. **advantage whitening** over the batch's trained tokens, then **clipping**.
 """
 
 from __future__ import annotations
@@ -60,6 +63,7 @@ from loomrl.experience.maker import (
     summary,
 )
 from loomrl.experience.shaping_config import ShapingConfig
+from loomrl.experience.turn_credit import turn_token_rewards
 from loomrl.types import Trajectory
 from loomrl.vision.pixels import PixelEncoder
 
@@ -137,8 +141,14 @@ def build_experience(
         assert batch is not None
         values = models.values(batch)
         extra["values"] = batch.grid(values)[:n, :width]
+    outcome = rewards
+    if cfg.turn_credit == "turn":  # each turn's reward on its turn, the rest on the last token
+        placed = turn_token_rewards(usable, width)  # [B, T]
+        extra["token_rewards"] = extra.get("token_rewards", 0.0) + placed
+        outcome = rewards - placed.sum(dim=1)
+        metrics["turn_rewards_placed"] = int((placed != 0).sum())
     available = {
-        "rewards": rewards, "mask": mask,
+        "rewards": outcome, "mask": mask,
         "group_ids": torch.tensor([t.group_id for t in usable], dtype=torch.long),
     }  # fmt: skip
     out = estimate(cfg.estimator, available, options, extra)
@@ -281,7 +291,7 @@ def kl_in_reward(
         options["kl_coef"] = beta
         return rewards
     if "token_rewards" in accepted:  # gae
-        inputs["token_rewards"] = -beta * kl * mask
+        inputs["token_rewards"] = inputs.get("token_rewards", 0.0) - beta * kl * mask
         return rewards
     return rewards - beta * (kl * mask).sum(dim=1).to(rewards.dtype)
 
@@ -289,7 +299,7 @@ def kl_in_reward(
 def shape_advantages(
     cfg: ShapingConfig, advantages: Tensor, mask: Tensor, metrics: dict[str, Any]
 ) -> Tensor:
-    """Stage 7: whiten, then clip, the ``[B, T]`` advantages (float32 when either is on);
+    """Stage 8: whiten, then clip, the ``[B, T]`` advantages (float32 when either is on);
     their statistics over the trained tokens."""
     adv = advantages.float()
     if cfg.whiten_advantages:

@@ -8,6 +8,14 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+from loomrl.experience.turn_credit import TurnCredit, check_turn_credit
+
+TURN_CREDIT: Any = Field(
+    "episode",
+    description="'turn': each turn's reward on its last model token, for gae / reinforce_pp "
+    "and the critic ('episode': the whole reward on the episode's last token)",
+)
+
 
 def clip_range(value: tuple[float, float] | float | None) -> tuple[float, float] | None:
     """``reward_clip`` as ``(low, high)``: a bound ``b`` is ``(-b, b)``; ``ValueError`` for a
@@ -34,6 +42,7 @@ class ShapingConfig(BaseModel):
     estimator: str = Field("grpo", description="advantage estimator (loomrl.algos registry)")
     estimator_options: dict[str, Any] = Field(default_factory=dict, description="its options")
     drop_zero_variance: bool = Field(False, description="drop groups whose rewards all agree")
+    turn_credit: TurnCredit = TURN_CREDIT
     reward_norm: Literal["none", "batch", "running"] = Field(
         "none", description="normalise rewards by the step's or a running mean and std"
     )
@@ -87,6 +96,8 @@ class ShapingConfig(BaseModel):
         needs_ref += ["kl_in = 'reward'"] if self.kl_in == "reward" else []
         if needs_ref and not self.kl_coef:
             raise ValueError(f"{', '.join(needs_ref)} needs a reference: set kl_coef > 0")
+        if self.turn_credit == "turn":
+            check_turn_credit(self.estimator, self.reward_norm)
         return self
 
     @property

@@ -27,8 +27,9 @@ from loomrl.distributed.config import RayConfig
 from loomrl.engines.pool_config import PoolConfig
 from loomrl.engines.replicas import check_replicas
 from loomrl.episode.turn_rewards import TurnReward
-from loomrl.experience.shaping_config import ShapingConfig
+from loomrl.experience.shaping_config import TURN_CREDIT, ShapingConfig
 from loomrl.experience.truncation import Truncation
+from loomrl.experience.turn_credit import TurnCredit
 from loomrl.models import DEFAULT_MODEL
 from loomrl.rewards.config import RewardConfig
 from loomrl.train import offpolicy_fields as offpolicy
@@ -106,6 +107,7 @@ class TrainConfig(BaseModel):
     estimator: str = Field("grpo", description="advantage estimator (loomrl.algos registry)")
     estimator_options: dict[str, Any] = Field(default_factory=dict, description="its options")
     drop_zero_variance: bool = Field(False, description="drop groups whose rewards all agree")
+    turn_credit: TurnCredit = TURN_CREDIT
     dynamic_sampling: bool = offpolicy.DYNAMIC_SAMPLING
     max_draw_batches: int = offpolicy.MAX_DRAW_BATCHES
     layout: Literal["packed", "padded"] = Field(

@@ -8,6 +8,7 @@ from typing import TYPE_CHECKING, Any
 
 from loomrl.config import MAX_EXAMPLES
 from loomrl.experience.shaping_config import clip_range
+from loomrl.experience.turn_credit import check_turn_credit
 
 if TYPE_CHECKING:
     from loomrl.train.config import TrainConfig
@@ -44,6 +45,15 @@ def check_knobs(config: TrainConfig) -> None:
             "ref_refresh_every cannot move a LoRA run's reference: it is the base model "
             "with the adapters off (leave ref_refresh_every unset, or train all weights)"
         )
+    if config.turn_credit == "turn":
+        check_turn_credit(config.estimator, config.reward_norm)
+        discounted = [config.turn_reward] + [t.turn_reward for t in config.tasks.values()]
+        if "discounted" in discounted:
+            raise ValueError(
+                "turn_credit = 'turn' places each turn's reward on its turn and discounts by "
+                "the estimator's gamma; turn_reward = 'discounted' folds a per-turn discount "
+                "into one number: use 'sum' or 'final+sum'"
+            )
     lag = config.sync_weights_interval - 1
     if lag > config.max_staleness:
         raise ValueError(

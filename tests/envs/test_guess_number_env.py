@@ -83,3 +83,23 @@ def test_first_int():
 
 def test_registered():
     assert load("guess_number", hi=10).hi == 10
+
+
+async def test_step_reward_pays_guesses_the_answers_still_allow_and_counts_them():
+    env = GuessNumberEnv(lo=1, hi=50, step_reward=0.2)
+    assert env.turn_reward == "final+sum" and GuessNumberEnv().turn_reward == "final"
+    state = env.reset(EXAMPLE)  # the secret is 17
+    rewards = [
+        (await advance(env, state, reply)).reward
+        for reply in ("25", "30", "no idea", "10", "9", "17")
+    ]
+    # 25: allowed (lower); 30: ruled out by "lower" at 25; no integer; 10: allowed
+    # (higher); 9: ruled out by "higher" at 10; 17: allowed and correct
+    assert rewards == [0.2, -0.2, -0.2, 0.2, -0.2, 0.2]
+    plain = GuessNumberEnv()
+    assert (await advance(plain, plain.reset(EXAMPLE), "3")).reward is None  # off by default
+
+
+def test_step_reward_must_not_be_negative():
+    with pytest.raises(ValueError, match="step_reward must be >= 0"):
+        GuessNumberEnv(step_reward=-0.1)
