@@ -31,9 +31,12 @@ from train_report import gain, spark
 DOCS = Path(__file__).resolve().parent.parent / "docs"
 #: Columns every comparison shows: (metric, header, how its per-step values reduce).
 COLUMNS = (
-    ("producer/staleness_mean", "staleness", "mean"),
+    ("rollout_s", "wait for rollouts s", "mean"),
+    ("learner_s", "learner s", "mean"),
+    ("producer/staleness_mean", "staleness", "last"),
     ("mismatch_kl", "mismatch KL", "mean"),
     ("is_ratio_mean", "IS ratio", "mean"),
+    ("correction_truncated_tokens", "truncated", "mean"),
     ("correction_masked_tokens", "masked", "mean"),
 )
 
@@ -85,7 +88,10 @@ def reduce(rows: list[dict[str, Any]], key: str, how: str) -> str:
     values = [float(r[key]) for r in rows if isinstance(r.get(key), (int, float))]
     if not values:
         return "-"
-    value = statistics.fmean(values) if how == "mean" else statistics.fmean(values[-5:])
+    if how == "last":  # a cumulative metric: the run's value
+        value = values[-1]
+    else:
+        value = statistics.fmean(values if how == "mean" else values[-5:])
     return f"{value:.3g}"
 
 

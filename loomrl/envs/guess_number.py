@@ -97,13 +97,13 @@ class GuessNumberEnv(Environment):
         narrows the allowed range by this guess's answer."""
         if not self.step_reward:
             return None
-        low, high = state.data.get("allowed", (self.lo, self.hi))
+        low, high = state.data.get("allowed", [self.lo, self.hi])
         allowed = guess is not None and low <= guess <= high
         if guess is not None and guess < secret:
             low = max(low, guess + 1)
         elif guess is not None and guess > secret:
             high = min(high, guess - 1)
-        state.data["allowed"] = (low, high)
+        state.data["allowed"] = [low, high]  # plain JSON: a checkpointed state resumes
         return self.step_reward if allowed else -self.step_reward
 
     def score(self, state: EnvState) -> dict[str, float]:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+
 import pytest
 
 from loomrl.envs import advance, load
@@ -96,6 +98,7 @@ async def test_step_reward_pays_guesses_the_answers_still_allow_and_counts_them(
     # 25: allowed (lower); 30: ruled out by "lower" at 25; no integer; 10: allowed
     # (higher); 9: ruled out by "higher" at 10; 17: allowed and correct
     assert rewards == [0.2, -0.2, -0.2, 0.2, -0.2, 0.2]
+    assert json.loads(json.dumps(state.data)) == state.data  # a checkpoint keeps the range
     plain = GuessNumberEnv()
     assert (await advance(plain, plain.reset(EXAMPLE), "3")).reward is None  # off by default
 
