@@ -8,6 +8,7 @@ from __future__ import annotations
 import pytest
 from contract import check_contract as contract_of
 from leftovers import pytest_configure, pytest_sessionfinish  # noqa: F401 (hooks)
+from mcp_fixtures import http_server  # noqa: F401 (a fixture: an MCP server over HTTP)
 from transformers import AutoTokenizer
 
 from loomrl.engines import ScriptedEngine

@@ -201,6 +201,11 @@ class Environment(abc.ABC):
         """
         return None  # an optional hook: most environments hold nothing outside the state
 
+    async def aclose(self) -> None:
+        """Free what the environment holds for the whole run (a tool server it started):
+        called once when the run that built it ends. The default does nothing."""
+        return None
+
     def dataset(self, n: int, seed: int = 0) -> list[dict[str, Any]]:
         """``n`` JSON-serialisable examples, deterministic in ``seed``, with ``id`` 0..n-1."""
         raise TypeError(f"environment {self.name!r} does not generate examples; pass your own")

@@ -307,6 +307,11 @@ register("arith", ArithEnv, "single-turn integer arithmetic; exact answer plus a
 register("guess_number", GuessNumberEnv, "multi-turn number guessing with higher/lower hints")
 register("calculator", CalculatorEnv, "arithmetic with a calculate() tool (Hermes tool calls)")
 register(
+    "mcp",
+    "loomrl.envs.mcp_tools:McpToolEnv",
+    "questions from data answered with an MCP server's tools (server = command or URL)",
+)
+register(
     "python_tool",
     PythonToolEnv,
     "word problems with a python() tool in a per-episode sandboxed interpreter",

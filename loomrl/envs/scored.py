@@ -128,10 +128,16 @@ def with_reward(
 
 
 async def close_rewards(envs: Iterable[Environment]) -> None:
-    """Close the reward sources ``with_reward`` opened for ``envs`` (others are skipped)."""
+    """Close what the run's ``envs`` hold for the run: the reward sources ``with_reward``
+    opened (a judge's engine) and each environment's own (``Environment.aclose``: a tool
+    server it started)."""
     for env in envs:
         if isinstance(env, RubricEnv):
             await env.aclose()
+            env = env.env
+        own = getattr(env, "aclose", None)  # env actor pools and other wrappers may lack it
+        if own is not None:
+            await own()
 
 
 def check_rewards(rewards: Mapping[str, RewardConfig | None]) -> None:

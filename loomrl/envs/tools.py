@@ -33,6 +33,11 @@ from loomrl.parsers import ParsedCall, ToolCallError
 STATE_PARAMETER = "state"
 
 
+class ToolUnavailable(RuntimeError):
+    """A tool's backend is gone (its server died or never started): the episode fails
+    with this reason instead of the model reading an error it did not cause."""
+
+
 @dataclass(slots=True)
 class ToolResult:
     """What a tool answers when plain text is not enough.
@@ -79,7 +84,9 @@ class ToolEnv(Environment):
         self.wants_state: set[str] = set()
         for tool in tools:
             takes_state = STATE_PARAMETER in _parameters(tool)
-            schema = function_schema(tool, exclude=(STATE_PARAMETER,) if takes_state else ())
+            schema = getattr(tool, "tool_schema", None) or function_schema(
+                tool, exclude=(STATE_PARAMETER,) if takes_state else ()
+            )  # a remote tool (an MCP server's) brings the schema its server gave
             tool_name = schema["function"]["name"]
             if tool_name in self.tools:
                 raise ValueError(f"two tools are named {tool_name!r}")
@@ -168,6 +175,8 @@ class ToolEnv(Environment):
                 return ToolResult(f"Error: TimeoutError: {e}", "exception")
             text = f"Error: {attempt.name} took longer than its {limit:g} s timeout"
             return ToolResult(text, "timeout")
+        except ToolUnavailable:
+            raise  # not the model's doing: the episode fails with the reason
         except (Exception, SystemExit) as e:  # an observation for the model, not a crash
             # (SystemExit too: sys.exit() or argparse in a tool must not end the process.)
             return ToolResult(f"Error: {type(e).__name__}: {e}", "exception")

@@ -144,7 +144,9 @@ class Trainer:
                 await self.producer.close()
             if self.engine is not None:
                 await self.engine.close()
-            await close_rewards([task.env for task in self.tasks])  # a judge's engine
+            # a judge's engine, a tool server: what the tasks' and evaluations' envs hold
+            envs = {id(t.env): t.env for t in [*self.tasks, *self.evals]}  # each once
+            await close_rewards(envs.values())
         finally:
             self.buffer.close()
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 
 import pytest
+from mcp_fixtures import STDIO
 
 from loomrl.envs import EnvState, EnvStep, advance, available, call, load, split_score
 
@@ -15,10 +16,14 @@ MEMBERS = {
 }
 NAMES = sorted(MEMBERS.get(n, n) for n in available() if not n.endswith(":NAME") or n in MEMBERS)
 # Environments over data generate no examples: the contract runs on these instead.
-DATA = {"qa": [{"id": 0, "question": "What is 0 + 0?", "answer": "0"}]}
+DATA = {
+    "qa": [{"id": 0, "question": "What is 0 + 0?", "answer": "0"}],
+    "mcp": [{"id": 0, "question": "What is 0 + 0?", "answer": 0}],
+}
 # Environments that need arguments to be built at all (tests/harness_agents.py).
 ARGS = {
-    "harness": {"program": "harness_agents:two_requests", "examples": "harness_agents:examples"}
+    "harness": {"program": "harness_agents:two_requests", "examples": "harness_agents:examples"},
+    "mcp": {"server": STDIO},  # tests/mcp_calc_server.py
 }
 
 

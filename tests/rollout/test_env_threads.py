@@ -10,6 +10,7 @@ import threading
 from pathlib import Path
 
 import pytest
+from mcp_fixtures import STDIO
 
 import loomrl
 from loomrl.envs.base import Environment, EnvState, EnvStep
@@ -54,7 +55,10 @@ async def test_sync_methods_run_where_the_env_asks(make_engine, nonblocking, fro
 
 async def test_builtin_envs_declare_nonblocking_methods():
     # Families (``prefix:NAME``) adapt other packages, whose code may block: not theirs.
-    needs = {"harness": {"program": "harness_agents:two_requests"}}  # its program
+    needs = {
+        "harness": {"program": "harness_agents:two_requests"},  # its program
+        "mcp": {"server": STDIO},  # its tool server
+    }
     for name in loomrl.envs.available():
         # qa's math_verify reward waits on a child process (tests/envs/test_qa_env)
         if ":" not in name and name != "qa":
