@@ -8,13 +8,15 @@ wall time, reward lift and the metrics that tell the arms apart (docs/training.m
 
 An arm is ``NAME`` or ``NAME:field=value,...`` (values in TOML syntax; a bare word is a
 string) over ``[train]`` of the base. A run whose ``metrics.jsonl`` already holds every
-step is not run again, so an interrupted comparison picks up where it stopped.
+step is not run again, so an interrupted comparison picks up where it stopped; a
+finished run's checkpoints are deleted (the table needs its metrics only).
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import shutil
 import statistics
 import subprocess
 import sys
@@ -76,6 +78,9 @@ def run_arm(base: dict[str, Any], arm: Arm, seed: int, steps: int, out: Path) ->
     started = time.perf_counter()
     subprocess.run([*command, "--overwrite"], check=True)
     (run / "wall_s").write_text(f"{time.perf_counter() - started:.1f}\n")
+    # A comparison reads metrics only: its checkpoints (1.6 GB each for the default model,
+    # twice that with a critic) would fill a disk over a few arms and seeds.
+    shutil.rmtree(run / "checkpoints", ignore_errors=True)
     return run
 
 
