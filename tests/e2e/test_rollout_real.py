@@ -55,10 +55,11 @@ ENV_ARGS = {
 }
 
 
-# Plain names only: a family (``prefix:NAME``), qa (over data) and python_tool (which needs
-# its few-shot demo to make the small model call) have e2e tests of their own; shapes shows
-# images, which the text model here cannot read (tests/e2e/test_vision_real.py).
-OWN_TESTS = {"qa", "python_tool", "shapes"}
+# Plain names only: a family (``prefix:NAME``), qa and mcp (over data; mcp also over a tool
+# server: tests/e2e/test_mcp_real.py) and python_tool (which needs its few-shot demo to
+# make the small model call) have e2e tests of their own; shapes shows images, which the
+# text model here cannot read (tests/e2e/test_vision_real.py).
+OWN_TESTS = {"qa", "mcp", "python_tool", "shapes"}
 
 
 @pytest.mark.parametrize(
