@@ -185,7 +185,7 @@ class Trajectory:
             completion_ids=self.completion_ids, logprobs=self.logprobs,
             loss_mask=self.loss_mask, messages=self.messages, spans=self.spans,
             span_versions=self.span_versions, finish_reasons=self.finish_reasons,
-            span_temperatures=self.span_temperatures, turns=len(_turn_starts(self)),
+            span_temperatures=self.span_temperatures, turns=len(turn_bounds(self)),
             status=Status.TERMINATED, images=self.images,
         )  # fmt: skip
         self.segments.append(closed)
@@ -217,13 +217,15 @@ class Trajectory:
 CONTINUED = frozenset({"abort", "fire"})
 
 
-def _turn_starts(traj: Trajectory) -> list[int]:
-    """Where each model turn of the current segment starts (a piece that ended ``abort``
-    or ``fire`` and the piece continuing it are one turn)."""
-    starts: list[int] = []
+def turn_bounds(traj: Trajectory) -> list[tuple[int, int]]:
+    """``(start, end)`` of each model turn of the current segment, in completion offsets
+    (a piece that ended ``abort`` or ``fire`` and the piece continuing it are one turn)."""
+    bounds: list[tuple[int, int]] = []
     end = -1
     for (start, stop), reason in zip(traj.spans, traj.finish_reasons, strict=True):
-        if start != end or not starts:
-            starts.append(start)
+        if start == end and bounds:
+            bounds[-1] = (bounds[-1][0], stop)
+        else:
+            bounds.append((start, stop))
         end = stop if reason in CONTINUED else -1
-    return starts
+    return bounds

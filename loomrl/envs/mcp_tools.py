@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-from collections.abc import Sequence
 from typing import Any, Literal
 
 from loomrl.answers.parse import FORMAT_HINT, extract_answer, same_number
@@ -102,10 +101,10 @@ class McpToolEnv(ToolEnv):
         if not tools:
             raise ValueError(f"MCP server {self.server} offers no tools")
         super().__init__([McpTool(self, t) for t in tools], **tool_env)
-        self._shared: McpSession | None = None
-        self._episodes: dict[int, McpSession] = {}
+        # Sessions being started or live, by episode (None: the run's one); a task, so that
+        # concurrent first calls share one start and episodes start theirs in parallel.
+        self._sessions: dict[int | None, asyncio.Task[McpSession]] = {}
         self._closing: set[asyncio.Task[None]] = set()
-        self._lock: asyncio.Lock | None = None
 
     def dataset(self, n: int, seed: int = 0) -> list[dict[str, Any]]:
         raise TypeError(
@@ -121,17 +120,10 @@ class McpToolEnv(ToolEnv):
 
     async def session_for(self, state: EnvState) -> McpSession:
         """The session this episode's calls go to, started on first use."""
-        if self._lock is None:
-            self._lock = asyncio.Lock()
-        async with self._lock:
-            if self.session == "rollout":
-                if self._shared is None:
-                    self._shared = await self._start()
-                return self._shared
-            key = id(state)
-            if key not in self._episodes:
-                self._episodes[key] = await self._start()
-            return self._episodes[key]
+        key = None if self.session == "rollout" else id(state)
+        if key not in self._sessions:
+            self._sessions[key] = asyncio.create_task(self._start())
+        return await asyncio.shield(self._sessions[key])
 
     async def _start(self) -> McpSession:
         session = McpSession(self.server, self.startup_timeout)
@@ -142,16 +134,22 @@ class McpToolEnv(ToolEnv):
         return session
 
     def cleanup(self, state: EnvState) -> None:
-        session = self._episodes.pop(id(state), None)
-        if session is not None:  # stopped in the background: cleanup is sync
-            task = asyncio.get_running_loop().create_task(session.close())
+        started = self._sessions.pop(id(state), None) if self.session == "episode" else None
+        if started is not None:  # stopped in the background: cleanup is sync
+            task = asyncio.get_running_loop().create_task(_close(started))
             self._closing.add(task)
             task.add_done_callback(self._closing.discard)
 
     async def aclose(self) -> None:
         """Stop every server this environment started (the run is over)."""
-        sessions: Sequence[McpSession] = [
-            *([self._shared] if self._shared else []), *self._episodes.values()
-        ]  # fmt: skip
-        self._shared, self._episodes, self._lock = None, {}, None  # a later run: afresh
-        await asyncio.gather(*(s.close() for s in sessions), *self._closing)
+        started, self._sessions = list(self._sessions.values()), {}  # a later run: afresh
+        await asyncio.gather(*(_close(t) for t in started), *self._closing)
+
+
+async def _close(started: asyncio.Task[McpSession]) -> None:
+    """Close a session once its start is over (nothing to close if it failed)."""
+    try:
+        session = await started
+    except ToolUnavailable:
+        return
+    await session.close()

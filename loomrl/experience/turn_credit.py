@@ -21,7 +21,7 @@ from torch import Tensor
 
 from loomrl.algos import advantages as estimators
 from loomrl.episode.turn_rewards import TURNS
-from loomrl.types import CONTINUED, Trajectory
+from loomrl.types import Trajectory, turn_bounds
 
 TurnCredit = Literal["episode", "turn"]
 
@@ -51,15 +51,7 @@ def turn_ends(traj: Trajectory) -> list[int | None]:
     """The completion offset of each model turn's last token (a turn generated in pieces,
     cut by a weight update or split by FIRE, ends where its last piece ends); None for a
     turn that produced no token."""
-    ends: list[int | None] = []
-    last: int | None = None
-    for (start, stop), reason in zip(traj.spans, traj.finish_reasons, strict=True):
-        if stop > start:
-            last = stop - 1
-        if reason not in CONTINUED:
-            ends.append(last)
-            last = None
-    return ends
+    return [stop - 1 if stop > start else None for start, stop in turn_bounds(traj)]
 
 
 def placed_turn_rewards(traj: Trajectory) -> list[tuple[int, float]]:
