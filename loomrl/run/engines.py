@@ -21,6 +21,7 @@ from loomrl.engines.replicas import open_engines
 
 if TYPE_CHECKING:
     from loomrl.distributed.run import RaySession
+    from loomrl.train.config import TrainConfig
 
 
 @dataclass(frozen=True)
@@ -36,6 +37,8 @@ class EngineOrder:
     served_like: str | None = None
     """serve in the dtype this base model spec is served in (a checkpoint holds the
     learner's fp32 weights; a resumed run samples with the numerics it started with)"""
+    dtype: str | None = None
+    """serve in this dtype (before ``served_like``; ``engine_args`` ``dtype`` overrides both)"""
 
 
 def build_engine(order: EngineOrder) -> Engine:
@@ -45,13 +48,27 @@ def build_engine(order: EngineOrder) -> Engine:
     from loomrl.models import resolve
 
     args = dict(order.engine_args)
-    if order.served_like is not None:
+    if order.dtype is not None:
+        args.setdefault("dtype", order.dtype)
+    elif order.served_like is not None:
         args.setdefault("dtype", serving_dtype(resolve(order.served_like)))
     if order.seed is not None:
         args["seed"] = order.seed
     if order.max_len is not None:
         args["max_model_len"] = order.max_len
     return load("vllm", model=str(order.model), policy_version=order.policy_version, **args)
+
+
+def sampler_dtype(config: TrainConfig) -> str | None:
+    """The dtype a training run's engine samples in: ``float32`` when the learner computes
+    in fp32 (fp32 weights, no bf16 autocast), else ``None``: the base model's serving
+    dtype. A bf16 engine rounds each synced weight to 8 significant bits, and an update
+    smaller than half that grid's step (most of them, at RL learning rates) never reaches
+    it: sampler and learner drift apart a little more every step. A learner in bf16
+    autocast rounds its weights the same way, so a bf16 engine matches it."""
+    if config.dtype == "float32" and config.resolved_autocast() is None:
+        return "float32"
+    return None
 
 
 class EngineStarts:

@@ -184,12 +184,13 @@ def eval_reward(request: EvalRequest, config: TrainConfig | None) -> RewardConfi
 
 def vllm_engine(target: Target, config: TrainConfig | None, settings: EvalSettings) -> Any:
     """vLLM serving the target, through the one engine factory; a checkpoint in the dtype
-    its base model was served in during training (the learner saves float32)."""
+    its run sampled in during training (the learner saves float32)."""
     return engines.build_engine(
         engines.EngineOrder(
             target.model, max_len=settings.max_len, seed=settings.seed,
             engine_args=config.engine_args if config is not None else {},
             served_like=config.model if config is not None else None,
+            dtype=engines.sampler_dtype(config) if config is not None else None,
         )
     )  # fmt: skip
 

@@ -50,15 +50,17 @@ StepCallback = Callable[[dict[str, Any]], None]
 
 def default_engine(plan: TrainPlan) -> EngineMaker:
     """vLLM serving a model directory at a policy version, through the one engine factory;
-    in the dtype the base model is served in (a checkpoint holds fp32 weights)."""
+    in the learner's precision (``engines.sampler_dtype``), else the dtype the base model
+    is served in (a checkpoint holds fp32 weights)."""
     config = plan.config
+    dtype = engines.sampler_dtype(config)
 
     def make(model_dir: Path, policy_version: int) -> Engine:
         return engines.build_engine(
             engines.EngineOrder(
                 model_dir, max_len=config.max_len, seed=config.seed,
                 policy_version=policy_version, engine_args=config.engine_args,
-                served_like=config.model,
+                served_like=config.model, dtype=dtype,
             )
         )  # fmt: skip
 
