@@ -88,6 +88,16 @@ class TurnRecord:
     context_tokens: int
 
 
+@dataclass(frozen=True, slots=True)
+class TurnLimits:
+    """What an environment asks of the model's next turn on top of the rollout's
+    sampling: more stop strings, and a smaller token cap (``max_tokens``; the rollout's
+    own ``max_tokens`` and the context left still bound it)."""
+
+    stop: tuple[str, ...] = ()
+    max_tokens: int | None = None
+
+
 @dataclass(slots=True, weakref_slot=True)
 class EnvState:
     """One episode: the whole conversation so far plus env-specific ``data``.
@@ -173,6 +183,12 @@ class Environment(abc.ABC):
     def record_turn(self, state: EnvState, turn: TurnRecord) -> None:
         """Called (sync, inline) with each model turn just before ``step`` sees its
         message; most environments need only the message and leave this alone."""
+        return None
+
+    def turn_limits(self, state: EnvState) -> TurnLimits | None:
+        """Limits for the model's next turn (sync, inline, before each request of it);
+        None: the rollout's own. An agent harness passes on its request's ``stop`` and
+        ``max_tokens`` this way."""
         return None
 
     @abc.abstractmethod

@@ -7,6 +7,7 @@ from collections.abc import Sequence
 from dataclasses import replace
 from typing import Any
 
+from loomrl.envs.base import TurnLimits
 from loomrl.episode.context import RolloutContext
 from loomrl.types import CONTINUED, Completion, SamplingParams, Trajectory
 
@@ -55,6 +56,22 @@ def temperature(params: SamplingParams, hot: int) -> float:
     return hot_temperature if hot and hot_temperature is not None else params.temperature
 
 
+def turn_max_tokens(params: SamplingParams, cap: int | None) -> int:
+    """The turn's token limit: the rollout's ``max_tokens``, or the env's smaller cap."""
+    return params.max_tokens if cap is None else max(1, min(params.max_tokens, cap))
+
+
+def with_limits(
+    stop: tuple[str, ...] | None, limits: TurnLimits | None
+) -> tuple[tuple[str, ...] | None, int | None]:
+    """The env's stop strings for the next request (its step's and its ``turn_limits``'),
+    and the turn's token cap (None: the rollout's)."""
+    if limits is None:
+        return stop, None
+    more = tuple(s for s in limits.stop if s not in (stop or ()))
+    return ((stop or ()) + more) or None, limits.max_tokens
+
+
 async def generate(
     ctx: RolloutContext,
     prompt: list[int],
@@ -65,15 +82,18 @@ async def generate(
     key: str | None = None,
     hot: int = 0,
     images: Sequence[Any] = (),
+    cap: int | None = None,
 ) -> Completion:
     """One request; ``made`` tokens of this turn already exist (a continued turn), so the
-    turn's ``max_tokens`` and ``min_tokens`` count them; ``hot`` > 0 asks for at most that
-    many tokens at FIRE's temperature. ``key`` names the trajectory in the request id
-    (``ctx.request_id``), so an engine pool keeps its turns on one replica."""
+    turn's ``max_tokens`` (the env's ``cap`` when smaller) and ``min_tokens`` count them;
+    ``hot`` > 0 asks for at most that many tokens at FIRE's temperature. ``key`` names the
+    trajectory in the request id (``ctx.request_id``), so an engine pool keeps its turns
+    on one replica."""
     params = ctx.sampling
     fire = params.first_token_temperature is not None
-    if budget < params.max_tokens - made or stop or seed is not None or made or fire:
-        left = min(params.max_tokens - made, budget)
+    most = turn_max_tokens(params, cap)
+    if budget < most - made or stop or seed is not None or made or fire or most < params.max_tokens:
+        left = min(most - made, budget)
         piece = min(hot, left) if hot else left
         params = replace(
             params,

@@ -205,17 +205,20 @@ async def _generate_piece(
         await episode.barrier.wait()
     made = len(traj.completion_ids) - start
     hot = requests.hot_tokens(ctx.sampling, number, made)
+    stop, cap = requests.with_limits(episode.stop, ctx.env.turn_limits(episode.state))
+    most = requests.turn_max_tokens(ctx.sampling, cap)
     t0 = time.perf_counter()
     out = await requests.generate(
         ctx,
         traj.prompt_ids + traj.completion_ids,
         budget,
-        episode.stop,
+        stop,
         requests.seed(ctx, traj, number, made),
         made,
         key=f"{traj.group_id}.{traj.sample_index}",
         hot=hot,
         images=episode.images,
+        cap=cap,
     )
     clock = traj.timings
     clock["generate_s"] = clock.get("generate_s", 0.0) + time.perf_counter() - t0
@@ -228,7 +231,7 @@ async def _generate_piece(
         traj.completion_ids += out.token_ids
         traj.logprobs += out.logprobs
         traj.loss_mask += [1] * len(out.token_ids)
-    if cut and len(traj.completion_ids) - start >= ctx.sampling.max_tokens:
+    if cut and len(traj.completion_ids) - start >= most:
         traj.finish_reasons[-1] = "length"  # cut as it filled the turn: it is done
         return replace(out, finish_reason="length"), False
     if cut and gate is not None:
@@ -237,7 +240,7 @@ async def _generate_piece(
         if ctx.checkpoint is not None:
             ctx.checkpoint(traj, episode.state, episode.stop)
         return out, True  # the rest of this turn comes from the new weights
-    if requests.hot_part_ended(ctx, out, hot, made, budget):
+    if requests.hot_part_ended(ctx, out, hot, made, min(budget, most - made)):
         traj.finish_reasons[-1] = "fire"
         return out, True  # the rest of this turn at the regular temperature
     return out, False

@@ -129,3 +129,10 @@ def answer_message(
     if calls:
         message["tool_calls"] = calls
     return message, bad
+
+
+def before_stop(text: str, stops: Sequence[str]) -> str:
+    """``text`` up to the first of ``stops`` (what an OpenAI answer holds when a stop
+    string ended the generation; the trajectory keeps every sampled token)."""
+    cut = min((i for i in (text.find(s) for s in stops) if i >= 0), default=len(text))
+    return text[:cut]

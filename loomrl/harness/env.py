@@ -27,11 +27,12 @@ from loomrl.envs.base import (
     EnvTimeout,
     Message,
     Score,
+    TurnLimits,
     TurnRecord,
     call,
     split_score,
 )
-from loomrl.harness.conversation import answer_message, extension, rendered
+from loomrl.harness.conversation import answer_message, before_stop, extension, rendered
 from loomrl.harness.program import HarnessFunction, HarnessRun, Program, ProgramExit
 from loomrl.harness.protocol import Answer, ChatRequest
 from loomrl.harness.server import HarnessServer
@@ -145,6 +146,14 @@ class HarnessEnv(Environment):
             data={"episode": episode},
         )
 
+    def turn_limits(self, state: EnvState) -> TurnLimits | None:
+        """The waiting request's ``stop`` and ``max_tokens``: its turn ends where it would
+        in deployment (the rollout's ``max_tokens`` still bounds it)."""
+        request = state.data["episode"].request
+        if request is None or not (request.stop or request.max_tokens):
+            return None
+        return TurnLimits(stop=request.stop, max_tokens=request.max_tokens)
+
     def record_turn(self, state: EnvState, turn: TurnRecord) -> None:
         state.data["episode"].turn = turn
 
@@ -153,7 +162,10 @@ class HarnessEnv(Environment):
         session, request = episode.session, episode.request
         assert request is not None
         offered = session.tools if request.tool_choice == "auto" else None
-        api_message, invalid = answer_message(message["content"], self.parser, offered, _call_id)
+        text = message["content"]
+        if not request.keep_stop:
+            text = before_stop(text, request.stop)
+        api_message, invalid = answer_message(text, self.parser, offered, _call_id)
         session.api.append(api_message)
         turn, episode.turn = episode.turn, None
         session.answer(self._answer(api_message, turn, request))

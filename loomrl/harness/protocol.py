@@ -1,12 +1,14 @@
 """The OpenAI chat-completions wire format, as far as a harness endpoint serves it.
 
 ``parse_request`` turns a request body into a ``ChatRequest`` or raises ``RequestError``
-(an HTTP status and an OpenAI-style error object naming the parameter). What a request
-may say about sampling (temperature, max_tokens, stop, ...) is accepted but does not
-apply: the rollout's ``SamplingParams`` sample every turn, so that what is trained on
-was sampled by the behaviour policy the run says it was. Parameters that would change
-what comes back (``n > 1``, ``logit_bias``, JSON schemas, forced tool choice, audio, ...)
-are refused with a 400 rather than silently ignored.
+(an HTTP status and an OpenAI-style error object naming the parameter). A request's
+``stop`` and ``max_completion_tokens`` / ``max_tokens`` apply to its turn (within the
+rollout's ``max_tokens`` and context): they say where the agent's turn ends, as in
+deployment. What it says about the distribution (temperature, top_p, seed, penalties,
+...) is accepted but does not apply: the rollout's ``SamplingParams`` sample every turn,
+so that what is trained on was sampled by the behaviour policy the run says it was.
+Parameters that would change what comes back (``n > 1``, ``logit_bias``, JSON schemas,
+forced tool choice, audio, ...) are refused with a 400 rather than silently ignored.
 """
 
 from __future__ import annotations
@@ -24,9 +26,9 @@ ROLES = ("system", "developer", "user", "assistant", "tool")
 #: Accepted, and governed by the rollout's sampling parameters instead (see module doc).
 SAMPLING_KEYS = frozenset(
     {
-        "model", "temperature", "top_p", "top_k", "max_tokens", "max_completion_tokens",
-        "stop", "seed", "presence_penalty", "frequency_penalty", "repetition_penalty",
-        "min_p", "min_tokens", "user", "metadata", "store", "parallel_tool_calls",
+        "model", "temperature", "top_p", "top_k", "seed", "presence_penalty",
+        "frequency_penalty", "repetition_penalty", "min_p", "min_tokens", "user",
+        "metadata", "store", "parallel_tool_calls",
         "reasoning_effort", "service_tier", "stream_options", "skip_special_tokens",
         "include_stop_str_in_output", "return_token_ids", "extra_body",
     }
@@ -42,7 +44,7 @@ REFUSED_KEYS = frozenset(
 KNOWN_KEYS = frozenset(
     {
         "messages", "tools", "tool_choice", "stream", "n", "logprobs", "top_logprobs",
-        "response_format",
+        "response_format", "stop", "max_tokens", "max_completion_tokens",
     }
 )  # fmt: skip
 
@@ -74,6 +76,11 @@ class ChatRequest:
     include_usage: bool
     logprobs: bool
     model: str
+    #: Where this turn ends: stop strings (the answer's text stops before the first, as
+    #: OpenAI's does, unless ``include_stop_str_in_output``) and a token cap.
+    stop: tuple[str, ...] = ()
+    max_tokens: int | None = None
+    keep_stop: bool = False
 
 
 def parse_request(body: Any) -> ChatRequest:
@@ -115,7 +122,31 @@ def parse_request(body: Any) -> ChatRequest:
         include_usage=bool(options.get("include_usage")),
         logprobs=bool(logprobs),
         model=model if type(model) is str else "",
+        stop=_stop(body.get("stop")),
+        max_tokens=_max_tokens(body),
+        keep_stop=body.get("include_stop_str_in_output") is True,
     )
+
+
+def _stop(value: Any) -> tuple[str, ...]:
+    """``stop``: None, a string, or a list of non-empty strings."""
+    if value is None:
+        return ()
+    values = [value] if type(value) is str else value
+    if type(values) is not list or not all(type(v) is str and v for v in values):
+        raise RequestError("stop must be a non-empty string or a list of them", param="stop")
+    return tuple(dict.fromkeys(values))
+
+
+def _max_tokens(body: dict[str, Any]) -> int | None:
+    """``max_completion_tokens``, else the older ``max_tokens``: a positive integer."""
+    key = "max_completion_tokens" if body.get("max_completion_tokens") is not None else "max_tokens"
+    value = body.get(key)
+    if value is None:
+        return None
+    if type(value) is not int or value < 1:
+        raise RequestError(f"{key} must be a positive integer, got {value!r}", param=key)
+    return value
 
 
 def _messages(value: Any) -> list[Message]:

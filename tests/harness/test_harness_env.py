@@ -84,7 +84,7 @@ def turn_lengths(traj) -> list[int]:
 
 async def test_a_tool_loop_keeps_the_token_contract(engine, check_contract):
     seen: dict[str, list] = {}
-    env = HarnessEnv(lambda run: tool_loop(run, seen, max_tokens=1, temperature=0.0))
+    env = HarnessEnv(lambda run: tool_loop(run, seen, temperature=0.0, top_p=0.1, seed=3))
     out = await rollout(engine, env, [EXAMPLE], n=2, on_error="isolate", env_timeout=30)
     assert [t.status for t in out] == [Status.TERMINATED] * 2, [t.error for t in out]
     for traj in out:
@@ -100,7 +100,7 @@ async def test_a_tool_loop_keeps_the_token_contract(engine, check_contract):
         ]  # fmt: skip
         assert traj.messages[3]["content"] == "5" and traj.num_env_tokens > 0
         assert "<tools>" in traj.messages[0]["content"]  # the listing is in the prompt
-    # What the program was answered: the whole reply (its max_tokens=1 does not apply),
+    # What the program was answered: the whole reply (its temperature does not apply),
     # a parsed call with finish reason tool_calls, and usage counting the real tokens.
     assert len(seen) == 2  # a session (and key) per episode
     first, second = next(iter(seen.values()))

@@ -80,10 +80,40 @@ def test_tool_calls_are_normalised_with_arguments_as_json_strings():
 
 
 def test_sampling_parameters_are_accepted_but_do_not_change_the_request():
-    chat = parse_request(
-        body(temperature=0.0, max_tokens=5, stop=["x"], seed=1, top_p=0.5, n=1, tool_choice="none")
-    )
+    chat = parse_request(body(temperature=0.0, seed=1, top_p=0.5, n=1, tool_choice="none"))
     assert chat.messages == [USER] and chat.tool_choice == "none"
+    assert (chat.stop, chat.max_tokens, chat.keep_stop) == ((), None, False)
+
+
+@pytest.mark.parametrize(
+    ("fields", "stop", "max_tokens"),
+    [
+        ({"stop": "Observation:", "max_tokens": 5}, ("Observation:",), 5),
+        ({"stop": ["a", "b", "a"], "max_completion_tokens": 7}, ("a", "b"), 7),
+        ({"max_completion_tokens": 2, "max_tokens": 9}, (), 2),  # the newer name wins
+        ({"stop": None, "max_tokens": None, "max_completion_tokens": None}, (), None),
+    ],
+)
+def test_a_requests_stop_and_token_cap_are_parsed(fields, stop, max_tokens):
+    chat = parse_request(body(**fields))
+    assert (chat.stop, chat.max_tokens) == (stop, max_tokens)
+
+
+@pytest.mark.parametrize(
+    ("fields", "param"),
+    [
+        ({"stop": ""}, "stop"),
+        ({"stop": ["ok", ""]}, "stop"),
+        ({"stop": 3}, "stop"),
+        ({"max_tokens": 0}, "max_tokens"),
+        ({"max_tokens": "5"}, "max_tokens"),
+        ({"max_completion_tokens": True}, "max_completion_tokens"),
+    ],
+)
+def test_a_bad_stop_or_token_cap_is_refused_by_name(fields, param):
+    with pytest.raises(RequestError) as caught:
+        parse_request(body(**fields))
+    assert caught.value.param == param and caught.value.status == 400
 
 
 def test_stream_usage_and_logprobs_flags():
