@@ -1,0 +1,113 @@
+"""Ten steps of ``loomrl train`` on an OpenEnv game (tests/openenv_game.py, served by loomrl
+from its class) with tiny-random and the scripted engine, killed with SIGKILL between
+checkpoints and resumed: every step recorded once, each trajectory's reward the sum of
+its step rewards, and the killed run's game server gone with it."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import psutil
+import pyarrow.parquet as pq
+
+from loomrl.engines import ScriptedEngine
+from loomrl.run.train import train
+from loomrl.train.config import TrainConfig
+
+TESTS = str(Path(__file__).parents[1])
+SERVER = "loomrl.envs.adapters.openenv_server"
+STEPS = 10
+CONFIG = dict(
+    model="tiny-random", env="openenv:openenv_game:GuessGame",
+    env_args={"env_args": {"hi": 4}, "max_turns": 4}, steps=STEPS, prompts_per_step=2, n=3,
+    max_tokens=8, max_len=256, checkpoint_every=2, lr=1e-3,
+)  # fmt: skip
+
+CHILD = textwrap.dedent(
+    """
+    import asyncio, itertools, sys
+    from pathlib import Path
+    from transformers import AutoTokenizer
+    from loomrl.engines import ScriptedEngine
+    from loomrl.models import DEFAULT_MODEL, resolve
+    from loomrl.train.config import TrainConfig
+    from loomrl.run.train import train
+
+    tokenizer = AutoTokenizer.from_pretrained(resolve(DEFAULT_MODEL))
+    guesses = itertools.count()
+
+    def make_engine(model_dir, version):
+        engine = ScriptedEngine(
+            lambda ids, params: str(1 + next(guesses) % 4), tokenizer=tokenizer,
+            step_base_s=0.05,
+        )
+        engine.set_policy_version(version)
+        return engine
+
+    asyncio.run(train(TrainConfig(**CONFIG), Path(sys.argv[1]), make_engine=make_engine))
+    """
+)
+
+
+def rows_logged(out: Path) -> int:
+    path = out / "metrics.jsonl"
+    return len(path.read_text().splitlines()) if path.exists() else 0
+
+
+def servers_of(pid: int) -> list[int]:
+    try:
+        children = psutil.Process(pid).children(recursive=True)
+    except psutil.NoSuchProcess:
+        return []
+    return [p.pid for p in children if SERVER in " ".join(p.cmdline())]
+
+
+async def test_train_on_an_openenv_game_resumes_after_a_kill(tmp_path, tokenizer, monkeypatch):
+    monkeypatch.setenv("PYTHONPATH", TESTS)
+    script = tmp_path / "child.py"
+    script.write_text(f"CONFIG = {CONFIG!r}\n" + CHILD)
+    out = tmp_path / "run"
+    child = subprocess.Popen([sys.executable, str(script), str(out)], start_new_session=True)
+    try:
+        deadline = time.monotonic() + 300
+        while rows_logged(out) < 3:
+            assert child.poll() is None, "training ended before it could be killed"
+            assert time.monotonic() < deadline, "no third step within 300 s"
+            time.sleep(0.05)
+        served = servers_of(child.pid)
+        assert len(served) == 1  # one server, a session per episode
+        child.send_signal(signal.SIGKILL)  # the process alone: its server must notice
+        child.wait()
+    finally:
+        if child.poll() is None:
+            os.killpg(child.pid, signal.SIGKILL)
+            child.wait()
+    assert rows_logged(out) < STEPS
+    deadline = time.monotonic() + 15
+    while any(psutil.pid_exists(p) for p in served) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert not any(psutil.pid_exists(p) for p in served), "the game server outlived its run"
+
+    def make_engine(model_dir, version):
+        engine = ScriptedEngine(lambda ids, p: "2", tokenizer=tokenizer)
+        engine.set_policy_version(version)
+        return engine
+
+    rows = await train(TrainConfig(**CONFIG), out, resume=True, make_engine=make_engine)
+    assert [r["step"] for r in rows] == list(range(1, STEPS + 1))
+    logged = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in logged] == list(range(1, STEPS + 1))
+    for step in range(1, STEPS + 1):
+        table = pq.read_table(out / "trajectories" / f"step-{step:06d}.parquet").to_pylist()
+        assert len(table) == 6
+        for r in table:
+            assert r["status"] in ("terminated", "max_turns") and r["turns"] >= 1
+            assert abs(r["reward"] - sum(x or 0.0 for x in r["turn_rewards"])) < 1e-9
+    assert any(r["reward"] == 1.0 for r in table)  # "2" solves the games whose secret is 2
