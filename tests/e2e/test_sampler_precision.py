@@ -5,11 +5,8 @@ the small updates were rounded away in the engine's bf16 weights."""
 
 from __future__ import annotations
 
-import json
-import sys
-
 import pytest
-from crash import run_session
+from train_child import train_cli
 
 pytestmark = pytest.mark.e2e
 
@@ -32,13 +29,7 @@ engine_args = { kv_cache_gib = 1 }
 
 
 def test_an_fp32_learner_samples_from_an_fp32_engine_and_stays_on_it(tmp_path):
-    config = tmp_path / "train.toml"
-    config.write_text(TRAIN)
-    out = tmp_path / "run"
-    cmd = [sys.executable, "-m", "loomrl.cli", "train", str(config), "--out", str(out)]
-    done = run_session(cmd, timeout=900)
-    assert done.returncode == 0, done.stderr[-3000:]
-    rows = [json.loads(line) for line in (out / "metrics.jsonl").open()]
+    _, rows = train_cli(TRAIN, tmp_path)
     assert [r["step"] for r in rows] == [1, 2, 3]
     # fp32 on both sides: numerics alone (bf16 against fp32 was 0.03 at step 1 and grew)
     assert all(r["logprob_gap_mean"] < 2e-3 for r in rows), [r["logprob_gap_mean"] for r in rows]

@@ -4,11 +4,8 @@ step's images kept beside its trajectories, and the checkpoint's processor encod
 
 from __future__ import annotations
 
-import json
-import sys
-
 import pytest
-from crash import run_session
+from train_child import train_cli
 
 from loomrl.runs import load_images, load_trajectories
 from loomrl.vision.pixels import PixelEncoder
@@ -32,13 +29,7 @@ max_turns = 2
 
 
 def test_train_three_steps_on_shapes(tmp_path):
-    config = tmp_path / "train.toml"
-    config.write_text(TRAIN.format(layout="packed"))
-    out = tmp_path / "run"
-    cmd = [sys.executable, "-m", "loomrl.cli", "train", str(config), "--out", str(out)]
-    done = run_session(cmd, timeout=900)
-    assert done.returncode == 0, done.stderr[-3000:]
-    rows = [json.loads(line) for line in (out / "metrics.jsonl").open()]
+    out, rows = train_cli(TRAIN.format(layout="packed"), tmp_path)
     assert [r["policy_version"] for r in rows] == [1, 2, 3]
     assert all(r["trained_trajectories"] > 0 for r in rows)
     files = sorted(out.glob("trajectories/step-*.parquet"))

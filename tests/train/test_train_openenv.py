@@ -10,12 +10,12 @@ import os
 import signal
 import subprocess
 import sys
-import textwrap
 import time
 from pathlib import Path
 
 import psutil
 import pyarrow.parquet as pq
+from train_child import child_script, rows_logged
 
 from loomrl.engines import ScriptedEngine
 from loomrl.run.train import train
@@ -30,36 +30,6 @@ CONFIG = dict(
     max_tokens=8, max_len=256, checkpoint_every=2, lr=1e-3,
 )  # fmt: skip
 
-CHILD = textwrap.dedent(
-    """
-    import asyncio, itertools, sys
-    from pathlib import Path
-    from transformers import AutoTokenizer
-    from loomrl.engines import ScriptedEngine
-    from loomrl.models import DEFAULT_MODEL, resolve
-    from loomrl.train.config import TrainConfig
-    from loomrl.run.train import train
-
-    tokenizer = AutoTokenizer.from_pretrained(resolve(DEFAULT_MODEL))
-    guesses = itertools.count()
-
-    def make_engine(model_dir, version):
-        engine = ScriptedEngine(
-            lambda ids, params: str(1 + next(guesses) % 4), tokenizer=tokenizer,
-            step_base_s=0.05,
-        )
-        engine.set_policy_version(version)
-        return engine
-
-    asyncio.run(train(TrainConfig(**CONFIG), Path(sys.argv[1]), make_engine=make_engine))
-    """
-)
-
-
-def rows_logged(out: Path) -> int:
-    path = out / "metrics.jsonl"
-    return len(path.read_text().splitlines()) if path.exists() else 0
-
 
 def servers_of(pid: int) -> list[int]:
     try:
@@ -72,7 +42,7 @@ def servers_of(pid: int) -> list[int]:
 async def test_train_on_an_openenv_game_resumes_after_a_kill(tmp_path, tokenizer, monkeypatch):
     monkeypatch.setenv("PYTHONPATH", TESTS)
     script = tmp_path / "child.py"
-    script.write_text(f"CONFIG = {CONFIG!r}\n" + CHILD)
+    script.write_text(child_script(CONFIG, "str(1 + i % 4)", step_s=0.05))
     out = tmp_path / "run"
     child = subprocess.Popen([sys.executable, str(script), str(out)], start_new_session=True)
     try:

@@ -9,10 +9,10 @@ import os
 import signal
 import subprocess
 import sys
-import textwrap
 import time
 
 import pyarrow.parquet as pq
+from train_child import child_script, rows_logged
 
 from loomrl.engines import ScriptedEngine
 from loomrl.run.train import train
@@ -26,40 +26,10 @@ CONFIG = dict(
     producer="async", max_staleness=1,
 )  # fmt: skip
 
-CHILD = textwrap.dedent(
-    """
-    import asyncio, itertools, sys
-    from pathlib import Path
-    from transformers import AutoTokenizer
-    from loomrl.engines import ScriptedEngine
-    from loomrl.models import DEFAULT_MODEL, resolve
-    from loomrl.train.config import TrainConfig
-    from loomrl.run.train import train
-
-    tokenizer = AutoTokenizer.from_pretrained(resolve(DEFAULT_MODEL))
-    answers = itertools.count()
-
-    def make_engine(model_dir, version):
-        engine = ScriptedEngine(
-            lambda ids, params: f"Answer: {next(answers) % 7}", tokenizer=tokenizer,
-            step_base_s=0.01,
-        )
-        engine.set_policy_version(version)
-        return engine
-
-    asyncio.run(train(TrainConfig(**CONFIG), Path(sys.argv[1]), make_engine=make_engine))
-    """
-)
-
-
-def rows_logged(out) -> int:
-    path = out / "metrics.jsonl"
-    return len(path.read_text().splitlines()) if path.exists() else 0
-
 
 async def test_a_sigkilled_training_run_resumes_exactly(tmp_path, tokenizer):
     script = tmp_path / "child.py"
-    script.write_text(f"CONFIG = {CONFIG!r}\n" + CHILD)
+    script.write_text(child_script(CONFIG, 'f"Answer: {i % 7}"'))
     out = tmp_path / "run"
     child = subprocess.Popen([sys.executable, str(script), str(out)], start_new_session=True)
     try:
