@@ -100,3 +100,37 @@ class AddGame(Environment[AddAction, AddObservation, State]):
     @property
     def state(self) -> State:
         return self._state
+
+
+class PictureObservation(Observation):
+    text: str
+    picture: str = ""  # a data:image/png URL
+
+
+class PictureGame(Environment[GuessAction, PictureObservation, State]):
+    """Shows a small picture (one colour, from the seed) beside its question."""
+
+    SUPPORTS_CONCURRENT_SESSIONS = True
+
+    def __init__(self) -> None:
+        super().__init__()
+        self._state = State(step_count=0)
+
+    def reset(self, seed: int | None = None, episode_id: str | None = None, **_: Any) -> Any:
+        import base64
+        import io
+
+        from PIL import Image
+
+        colour = random.Random(seed).choice(["red", "green", "blue"])
+        buffer = io.BytesIO()
+        Image.new("RGB", (8, 6), colour).save(buffer, format="PNG")
+        url = "data:image/png;base64," + base64.b64encode(buffer.getvalue()).decode()
+        return PictureObservation(text="Which colour is this?", picture=url)
+
+    def step(self, action: GuessAction, timeout_s: float | None = None, **_: Any) -> Any:
+        return PictureObservation(text="ok", reward=0.0, done=True)
+
+    @property
+    def state(self) -> State:
+        return self._state

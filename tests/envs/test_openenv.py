@@ -190,3 +190,24 @@ def test_what_cannot_be_reached_or_loaded_is_refused_by_name(name, args, message
     with pytest.raises(ValueError, match=re.escape(message)):
         load(name, **args)
     assert servers() == []
+
+
+async def test_image_observations_become_image_parts_beside_the_text():
+    from loomrl.vision.images import load_message_images
+
+    env = load("openenv:openenv_game:PictureGame")
+    try:
+        state = await env.reset({"id": 0, "seed": 1})
+        (opening,) = state.messages
+        image, text = opening["content"]
+        assert image["type"] == "image" and image["image"].startswith("data:image/png;base64,")
+        assert text == {"type": "text", "text": "Which colour is this?"}
+        (loaded,) = load_message_images(state.messages)
+        assert loaded.size == (8, 6)
+        env.cleanup(state)
+    finally:
+        await env.aclose()
+    # Pixel rows (a uint8 array as JSON) are an image too; other fields stay text.
+    pixels = [[[255, 0, 0], [0, 255, 0]]] * 3
+    content = env.render({"screen": pixels, "score": 2, "done": False, "reward": None})
+    assert content[0]["image"].size == (2, 3) and content[1]["text"] == '{"score": 2}'

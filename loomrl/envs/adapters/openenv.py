@@ -175,17 +175,24 @@ class OpenEnvEnv(Environment):
             return None, f"reply with a JSON object with the action's fields ({fields})"
         return action, ""
 
-    def render(self, observation: Any) -> str:
-        """An observation as the text of a user message."""
+    def render(self, observation: Any) -> str | list[dict[str, Any]]:
+        """An observation as a user message's content: its text, and before it one image
+        part per image field (a ``data:image/...`` URL, or ``H x W x 3|4`` pixel lists)."""
         if not isinstance(observation, dict):
             return str(observation)
-        if self.observation_field is not None:
-            return str(observation.get(self.observation_field, ""))
         shown = {k: v for k, v in observation.items() if k not in HIDDEN}
-        texts = [v for v in shown.values() if isinstance(v, str)]
-        if len(shown) == 1 and len(texts) == 1:
-            return texts[0]
-        return json.dumps(shown, sort_keys=True, default=str)
+        pictures = {k: v for k, v in shown.items() if is_image(v)}
+        if self.observation_field is not None:
+            text = str(observation.get(self.observation_field, ""))
+        else:
+            rest = {k: v for k, v in shown.items() if k not in pictures}
+            texts = [v for v in rest.values() if isinstance(v, str)]
+            one = len(rest) == 1 and len(texts) == 1
+            text = texts[0] if one else json.dumps(rest, sort_keys=True, default=str)
+        if not pictures:
+            return text
+        parts = [{"type": "image", "image": as_image(v)} for v in pictures.values()]
+        return [*parts, {"type": "text", "text": text}]
 
     # -- servers -----------------------------------------------------------------------------
     async def _open_server(self) -> tuple[LocalServer | None, str]:
@@ -236,6 +243,27 @@ def text_field(action_schema: dict[str, Any]) -> str | None:
     strings = [k for k, v in properties.items() if k != "metadata" and v.get("type") == "string"]
     others = [k for k in properties if k != "metadata" and k not in strings]
     return strings[0] if len(strings) == 1 and not others else None
+
+
+def is_image(value: Any) -> bool:
+    """An observation field that holds an image: a ``data:image/`` URL, or pixel rows of
+    RGB(A) values (a uint8 array as JSON)."""
+    if isinstance(value, str):
+        return value.startswith("data:image/")
+    return (
+        isinstance(value, list) and bool(value) and isinstance(value[0], list)
+        and bool(value[0]) and isinstance(value[0][0], list) and len(value[0][0]) in (3, 4)
+    )  # fmt: skip
+
+
+def as_image(value: Any) -> Any:
+    """An image field as an image part's value (a data URL stays one; pixels -> PIL)."""
+    if isinstance(value, str):
+        return value
+    import numpy as np
+    from PIL import Image
+
+    return Image.fromarray(np.asarray(value, dtype=np.uint8))
 
 
 def _info(invalid: int) -> dict[str, Any]:
