@@ -105,7 +105,7 @@ class OpenEnvEnv(Environment):
 
         server, url = await self._open_server()
         client = GenericEnvClient(base_url=url, message_timeout_s=self.timeout)
-        data = {"client": client, "server": server, "url": url, "invalid": 0}
+        data = {"client": client, "server": server, "url": url}
         args = dict(self.reset_args)
         if "seed" in example:
             args.setdefault("seed", example["seed"])
@@ -132,7 +132,6 @@ class OpenEnvEnv(Environment):
                 reply = {"role": "user", "content": self.render(result.observation)}
                 reward = None if result.reward is None else float(result.reward)
                 return EnvStep([reply], done=bool(result.done), reward=reward, info=_info(0))
-        data["invalid"] += 1
         reply = {"role": "user", "content": f"Invalid action: {problem}"}
         return EnvStep([reply], done=False, reward=0.0, info=_info(1))
 
