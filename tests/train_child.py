@@ -10,7 +10,12 @@ import textwrap
 from pathlib import Path
 from typing import Any
 
+import pyarrow.parquet as pq
 from crash import run_session
+
+from loomrl.engines import ScriptedEngine
+from loomrl.run.train import train
+from loomrl.train.config import TrainConfig
 
 _CHILD = textwrap.dedent(
     """
@@ -57,3 +62,27 @@ def train_cli(config_text: str, tmp_path: Path, timeout: float = 900) -> tuple[P
     done = run_session(cmd, timeout=timeout)
     assert done.returncode == 0, done.stderr[-3000:]
     return out, [json.loads(line) for line in (out / "metrics.jsonl").open()]
+
+
+async def resume_scripted(
+    config: dict[str, Any], out: Path, tokenizer: Any, reply: str
+) -> list[dict[str, Any]]:
+    """Resume the run in ``out`` with a scripted engine that always says ``reply``; its
+    rows, after checking that it and ``metrics.jsonl`` hold every step exactly once."""
+
+    def make_engine(model_dir: Path, version: int) -> ScriptedEngine:
+        engine = ScriptedEngine(lambda ids, p: reply, tokenizer=tokenizer)
+        engine.set_policy_version(version)
+        return engine
+
+    rows = await train(TrainConfig(**config), out, resume=True, make_engine=make_engine)
+    steps = list(range(1, config["steps"] + 1))
+    assert [r["step"] for r in rows] == steps
+    logged = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in logged] == steps
+    return rows
+
+
+def step_rows(out: Path, step: int) -> list[dict[str, Any]]:
+    """The trajectories a run trained on at ``step``, as Parquet rows."""
+    return pq.read_table(out / "trajectories" / f"step-{step:06d}.parquet").to_pylist()

@@ -354,7 +354,7 @@ register_family(
 )
 register_family(
     "openenv",
-    "loomrl.envs.adapters.openenv:openenv_env",
+    "loomrl.envs.adapters.openenv:OpenEnvEnv",
     "an OpenEnv environment: a running server (openenv:http://HOST:PORT) or an installed "
     "Environment class loomrl serves itself (openenv:MODULE:CLASS; needs loomrl[openenv])",
     members=_openenv_installed,

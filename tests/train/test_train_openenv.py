@@ -5,7 +5,6 @@ its step rewards, and the killed run's game server gone with it."""
 
 from __future__ import annotations
 
-import json
 import os
 import signal
 import subprocess
@@ -14,12 +13,7 @@ import time
 from pathlib import Path
 
 import psutil
-import pyarrow.parquet as pq
-from train_child import child_script, rows_logged
-
-from loomrl.engines import ScriptedEngine
-from loomrl.run.train import train
-from loomrl.train.config import TrainConfig
+from train_child import child_script, resume_scripted, rows_logged, step_rows
 
 TESTS = str(Path(__file__).parents[1])
 SERVER = "loomrl.envs.adapters.openenv_server"
@@ -65,17 +59,9 @@ async def test_train_on_an_openenv_game_resumes_after_a_kill(tmp_path, tokenizer
         time.sleep(0.1)
     assert not any(psutil.pid_exists(p) for p in served), "the game server outlived its run"
 
-    def make_engine(model_dir, version):
-        engine = ScriptedEngine(lambda ids, p: "2", tokenizer=tokenizer)
-        engine.set_policy_version(version)
-        return engine
-
-    rows = await train(TrainConfig(**CONFIG), out, resume=True, make_engine=make_engine)
-    assert [r["step"] for r in rows] == list(range(1, STEPS + 1))
-    logged = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
-    assert [r["step"] for r in logged] == list(range(1, STEPS + 1))
+    await resume_scripted(CONFIG, out, tokenizer, "2")
     for step in range(1, STEPS + 1):
-        table = pq.read_table(out / "trajectories" / f"step-{step:06d}.parquet").to_pylist()
+        table = step_rows(out, step)
         assert len(table) == 6
         for r in table:
             assert r["status"] in ("terminated", "max_turns") and r["turns"] >= 1

@@ -4,20 +4,15 @@ with every step recorded exactly once and no group trained twice."""
 
 from __future__ import annotations
 
-import json
 import os
 import signal
 import subprocess
 import sys
 import time
 
-import pyarrow.parquet as pq
-from train_child import child_script, rows_logged
+from train_child import child_script, resume_scripted, rows_logged, step_rows
 
-from loomrl.engines import ScriptedEngine
-from loomrl.run.train import train
 from loomrl.train.checkpoint import latest_checkpoint
-from loomrl.train.config import TrainConfig
 
 STEPS = 10
 CONFIG = dict(
@@ -49,18 +44,10 @@ async def test_a_sigkilled_training_run_resumes_exactly(tmp_path, tokenizer):
     checkpoint = latest_checkpoint(out).step
     assert checkpoint >= 2
 
-    def make_engine(model_dir, version):
-        engine = ScriptedEngine(lambda ids, p: "Answer: 3", tokenizer=tokenizer)
-        engine.set_policy_version(version)
-        return engine
-
-    rows = await train(TrainConfig(**CONFIG), out, resume=True, make_engine=make_engine)
-    assert [r["step"] for r in rows] == list(range(1, STEPS + 1))
-    logged = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
-    assert [r["step"] for r in logged] == list(range(1, STEPS + 1))
+    rows = await resume_scripted(CONFIG, out, tokenizer, "Answer: 3")
     consumed = []
     for step in range(1, STEPS + 1):
-        table = pq.read_table(out / "trajectories" / f"step-{step:06d}.parquet").to_pylist()
+        table = step_rows(out, step)
         assert len(table) == 6
         for r in table:  # trained with the weights of version step-1, at most 1 stale
             assert step - 2 <= min(r["span_versions"]) <= max(r["span_versions"]) <= step - 1

@@ -274,8 +274,3 @@ async def _close(client: Any, server: LocalServer | None) -> None:
         await client.close()
     if server is not None:
         server.stop()
-
-
-def openenv_env(target: str, **kwargs: Any) -> OpenEnvEnv:
-    """The ``openenv`` family's factory: ``openenv:URL`` or ``openenv:MODULE:CLASS``."""
-    return OpenEnvEnv(target, **kwargs)
