@@ -3,14 +3,9 @@ training batch (``build_experience``), and per-token logprob recompute under an 
 LM (actor or reference)."""
 
 from loomrl.experience.batch import Batch, pack, pad
-from loomrl.experience.logprobs import (
-    MicroBatch,
-    compute_logprobs,
-    forward_logprobs,
-    forward_scores,
-    micro_batches,
-)
+from loomrl.experience.logprobs import compute_logprobs, forward_logprobs, forward_scores
 from loomrl.experience.maker import Experience
+from loomrl.experience.micro import MicroBatch, micro_batches
 from loomrl.experience.pipeline import Batching, ModelPasses, build_experience, make_experience
 from loomrl.experience.shaping_config import ShapingConfig
 

@@ -74,10 +74,17 @@ class Batch:
         """Padded layout: the column where every completion starts."""
         return int(self.prompt_lengths.max()) if self.num_samples else 0
 
-    def to(self, device: torch.device | str) -> Batch:
-        """The same batch on ``device`` (per-sample metadata included)."""
+    def to(self, device: torch.device | str, *, metadata: bool = True) -> Batch:
+        """The same batch on ``device``; ``metadata=False`` leaves the per-sample ``[B]``
+        tensors and ``cu_seqlens`` on the host, where micro-batches are planned from them
+        without waiting for the device."""
         values = {f.name: getattr(self, f.name) for f in fields(self)}
-        moved = {k: v.to(device) for k, v in values.items() if isinstance(v, Tensor | Pixels)}
+        host = set() if metadata else {"cu_seqlens", *_METADATA}
+        moved: dict[str, Tensor | Pixels] = {
+            k: v.to(device, non_blocking=True) if isinstance(v, Tensor) else v.to(device)
+            for k, v in values.items()
+            if isinstance(v, Tensor | Pixels) and k not in host
+        }
         return replace(self, **moved)
 
     def completion_slices(self) -> list[tuple[int, int, int]]:
@@ -162,6 +169,7 @@ def pad(
         attention[i, first:end] = 1
         _fill(token, i, slice(width_p, end), traj, adv, ret)
     positions = (attention.cumsum(dim=1) - 1).clamp(min=0)
+    _drop_unrecorded(token, trajectories)
     return Batch(
         layout="padded", input_ids=ids, position_ids=positions, attention_mask=attention,
         cu_seqlens=None, pixels=pixels, **token, **_metadata(trajectories),
@@ -191,10 +199,17 @@ def pack(
     for i, (traj, adv, ret) in enumerate(rows):
         start = int(cu[i]) + len(traj.prompt_ids)
         _fill(token, 0, slice(start, int(cu[i + 1])), traj, adv, ret)
+    _drop_unrecorded(token, trajectories)
     return Batch(
         layout="packed", input_ids=ids, position_ids=positions.reshape(1, n),
         attention_mask=None, cu_seqlens=cu, pixels=pixels, **token, **_metadata(trajectories),
     )  # fmt: skip
+
+
+def _drop_unrecorded(token: dict[str, Tensor], trajectories: Sequence[Trajectory]) -> None:
+    """No temperatures tensor when no trajectory recorded one (scoring then uses its own)."""
+    if not any(t.span_temperatures for t in trajectories):
+        token["temperatures"] = None  # type: ignore[assignment]
 
 
 def _check_pixels(trajectories: Sequence[Trajectory], pixels: Pixels | None) -> None:
@@ -216,6 +231,10 @@ def _check_pixels(trajectories: Sequence[Trajectory], pixels: Pixels | None) -> 
 
 
 _FLOAT_FIELDS = ("loss_mask", "logprobs", "advantages", "returns")
+_METADATA = (
+    "prompt_lengths", "completion_lengths", "group_ids", "example_ids", "policy_versions",
+    "rewards",
+)  # fmt: skip
 
 
 def _token_tensors(shape: tuple[int, int]) -> dict[str, Tensor]:

@@ -61,6 +61,7 @@ class LearnerConfig:
     old_logprobs: str = "learner"  # "learner" (recomputed) | "sampler" (the engine's)
     kl_estimator: str = "k3"  # of the KL-in-loss term: "k1" | "k2" | "k3"
     entropy_coef: float = 0.0  # entropy bonus: the loss minus c · Σ_t w_t H_t
+    entropy_metric: bool = True  # log the entropy (an extra pass over the vocabulary)
     shuffle: bool = True  # mini-batches of samples reshuffled every epoch (when > 1)
     seed: int = 0  # of that shuffle
     dual_clip: float | None = None  # pg: cap -A·c on the loss of A < 0 tokens (c > 1)
@@ -74,12 +75,29 @@ class LearnerConfig:
 
 
 def sample_of_token(batch: Batch) -> Tensor:
-    """``[*]`` int64 sample index of every token of ``batch`` (-1 on padding)."""
+    """``[*]`` int64 sample index of every token of ``batch`` (-1 on padding), on the
+    batch's device (built on the host from the per-sample lengths)."""
     index = torch.full(batch.input_ids.shape, -1, dtype=torch.long)
     prompts = batch.prompt_lengths.tolist()
     for i, (row, start, end) in enumerate(batch.completion_slices()):
         index[row, start - prompts[i] : end] = i
-    return index
+    return index.to(batch.input_ids.device, non_blocking=True)
+
+
+#: An update's diagnostics, in the order ``Learner._update`` stacks them.
+KEYS = (
+    "loss", "kl", "clip_fraction", "is_weight", "entropy", "gap", "approx_kl", "grad_norm",
+    "micro_batches",
+)  # fmt: skip
+
+
+def fused_adamw(params: list[Tensor]) -> bool | None:
+    """Fused AdamW (one kernel for all parameters, no per-parameter host reads) where the
+    device has it: CUDA and CPU, floating-point parameters."""
+    kinds = {p.device.type for p in params}
+    if params and kinds <= {"cuda", "cpu"} and all(p.is_floating_point() for p in params):
+        return True
+    return None
 
 
 class Learner:
@@ -95,9 +113,10 @@ class Learner:
             raise ValueError(f"kl_coef={config.kl_coef} needs a frozen reference model")
         self.model, self.config, self.reference = model, config, reference
         self.correction = config.corrector()
+        params = [p for p in model.parameters() if p.requires_grad]
         self.optimizer = torch.optim.AdamW(
-            [p for p in model.parameters() if p.requires_grad],
-            lr=config.lr, betas=config.betas, weight_decay=config.weight_decay,
+            params, lr=config.lr, betas=config.betas, weight_decay=config.weight_decay,
+            fused=fused_adamw(params),
         )  # fmt: skip
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, self._lr_factor)
         self.steps = 0  # rollout batches trained on (the schedule's clock)
@@ -116,6 +135,7 @@ class Learner:
         """``ppo_epochs`` × mini-batches optimizer steps on ``batch``; the step's metrics:
         the means over updates (``clip_fraction`` and ``approx_kl`` also their max)."""
         cfg, started = self.config, time.perf_counter()
+        batch = batch.to(self.device, metadata=False)  # once: micro-batches slice it there
         ref = None
         if cfg.kl_coef and self.reference is not None:
             ref_device = next(self.reference.parameters()).device
@@ -127,7 +147,7 @@ class Learner:
         spans = minibatch.ranges(batch.num_samples, cfg.mini_batch_size)
         old = self._old_logprobs(batch, cfg.ppo_epochs * len(spans))
         lr = self.scheduler.get_last_lr()[0]
-        updates: list[dict[str, float]] = []
+        updates: list[Tensor] = []  # each update's KEYS, on the device until the end
         meter = MismatchMeter()  # over the first epoch: every token once, against π_old
         for epoch in range(cfg.ppo_epochs):
             mixed, extra = self._epoch_order(batch, epoch, len(spans), old, ref)
@@ -138,14 +158,15 @@ class Learner:
                 updates.append(self._update(sub, sub_old, sub_ref, meter if epoch == 0 else None))
         self.scheduler.step()
         self.steps += 1
-        mean = {k: sum(u[k] for u in updates) / len(updates) for k in updates[0]}
+        rows = [dict(zip(KEYS, row, strict=True)) for row in torch.stack(updates).tolist()]
+        mean = {k: sum(u[k] for u in rows) / len(rows) for k in KEYS}
         return {
             **{k: mean[k] for k in ("loss", "kl", "is_weight", "entropy", "grad_norm")},
             "clip_frac": mean["clip_fraction"],  # the report's name for clip_fraction
             "clip_fraction": mean["clip_fraction"],
-            "clip_fraction_max": max(u["clip_fraction"] for u in updates),
+            "clip_fraction_max": max(u["clip_fraction"] for u in rows),
             "approx_kl": mean["approx_kl"],
-            "approx_kl_max": max(u["approx_kl"] for u in updates),
+            "approx_kl_max": max(u["approx_kl"] for u in rows),
             "ppo_updates": float(len(updates)),
             "micro_batches": mean["micro_batches"],
             "sampler_learner_abs_gap": mean["gap"],
@@ -182,8 +203,7 @@ class Learner:
             )
         if updates == 1:
             return None
-        device = next(self.model.parameters()).device
-        with self._autocast(device):  # the numerics of the update's own forward pass
+        with self._autocast(self.device):  # the numerics of the update's own forward pass
             return compute_logprobs(
                 self.model, batch, temperature=cfg.temperature, max_tokens=cfg.max_tokens,
                 truncation=cfg.truncation,
@@ -191,64 +211,67 @@ class Learner:
 
     def _update(
         self, batch: Batch, old: Tensor | None, ref: Tensor | None, meter: MismatchMeter | None
-    ) -> dict[str, float]:
-        """One optimizer step on a (mini-)batch; its token-mean diagnostics (and the
-        sampler gap into ``meter``)."""
-        cfg = self.config
+    ) -> Tensor:
+        """One optimizer step on a (mini-)batch; its diagnostics (``KEYS``: token means,
+        the gradient norm, the micro-batch count) as one device tensor, and the sampler
+        gap into ``meter``. Nothing is read back to the host here."""
+        cfg, device = self.config, self.device
         owner = sample_of_token(batch)
         weights = token_weights(
             batch.loss_mask, owner, batch.num_samples, cfg.aggregation, cfg.constant_normaliser
         )
         mean_w = batch.loss_mask / batch.loss_mask.sum().clamp(min=1.0)  # metrics: token mean
-        keys = ("loss", "kl", "clip_fraction", "is_weight", "entropy", "gap", "approx_kl")
-        micro = 0  # gradient accumulation: micro-batches summed into this optimizer step
-        totals = dict.fromkeys(keys, 0.0)
+        totals = torch.zeros(len(KEYS), dtype=torch.float32, device=device)
         self.model.train()
         self.optimizer.zero_grad(set_to_none=True)
-        device = next(self.model.parameters()).device
+        want_entropy = cfg.entropy_metric or cfg.entropy_coef > 0
         for mb in micro_batches(batch, cfg.max_tokens):
             at = (mb.rows, mb.cols)
             with self._autocast(device):
                 logp, entropy = forward_scores(
-                    self.model, mb, temperature=cfg.temperature,
+                    self.model, mb, temperature=cfg.temperature, entropy=want_entropy,
                     entropy_grad=cfg.entropy_coef > 0, truncation=cfg.truncation,
                 )  # fmt: skip
-            mb_old = logp.detach() if old is None else old[at].to(device)
-            sampler = batch.logprobs[at].to(device)
-            mb_owner = owner[at].to(device)
-            model_owner = torch.where(batch.loss_mask[at].to(device) > 0, mb_owner, -1)
+            mb_old = logp.detach() if old is None else old[at]
+            sampler, mb_owner, w = batch.logprobs[at], owner[at], weights[at]
+            model_owner = torch.where(batch.loss_mask[at] > 0, mb_owner, -1)
             corrected = correct(self.correction, mb_old, sampler, model_owner, batch.num_samples)
             if meter is not None:  # the learner before this step's updates vs the sampler
                 before = logp.detach() if cfg.old_logprobs == "sampler" else mb_old
                 meter.add(before - sampler, corrected, model_owner, batch.num_samples)
             parts = compute_loss(
-                cfg.loss, logp, mb_old, batch.advantages[at].to(device), weights[at].to(device),
-                owner=mb_owner, clip_low=cfg.clip_low, clip_high=cfg.clip_high,
-                drift_coef=cfg.drift_coef, is_weight=corrected.weight, dual_clip=cfg.dual_clip,
-                ref=None if ref is None else ref[at].to(device), kl_coef=cfg.kl_coef,
+                cfg.loss, logp, mb_old, batch.advantages[at], w, owner=mb_owner,
+                clip_low=cfg.clip_low, clip_high=cfg.clip_high, drift_coef=cfg.drift_coef,
+                is_weight=corrected.weight, dual_clip=cfg.dual_clip,
+                ref=None if ref is None else ref[at], kl_coef=cfg.kl_coef,
                 kl_estimator=cfg.kl_estimator,
             )  # fmt: skip
             loss = parts.loss
             if cfg.entropy_coef and entropy is not None:  # bonus: higher entropy, lower loss
-                loss = loss - cfg.entropy_coef * (weights[at].to(device) * entropy).sum()
+                loss = loss - cfg.entropy_coef * (w * entropy).sum()
                 entropy = entropy.detach()
-            micro += 1
             if loss.requires_grad:  # a micro-batch with nothing to score has no graph
                 loss.backward()
-            m = mean_w[at].to(device)
+            m = mean_w[at]
             log_ratio = logp.detach() - mb_old  # k3 of KL(π_old ‖ π_θ): (ρ - 1) - ln ρ
-            totals["loss"] += float(loss.detach())
-            totals["kl"] += float((m * parts.kl).sum())
-            totals["clip_fraction"] += float((m * parts.clipped).sum())
-            totals["is_weight"] += float((m * parts.is_weight).sum())
-            totals["entropy"] += float((m * entropy).sum()) if entropy is not None else 0.0
-            totals["gap"] += float((m * (logp.detach() - sampler).abs()).sum())
-            totals["approx_kl"] += float((m * (log_ratio.exp() - 1 - log_ratio)).sum())
+            zero = torch.zeros((), device=device)
+            totals += torch.stack([
+                loss.detach().float(), (m * parts.kl).sum(), (m * parts.clipped).sum(),
+                (m * parts.is_weight).sum(), zero if entropy is None else (m * entropy).sum(),
+                (m * (logp.detach() - sampler).abs()).sum(),
+                (m * (log_ratio.exp() - 1 - log_ratio)).sum(), zero, torch.ones((), device=device),
+            ]).float()  # fmt: skip
         params = [p for p in self.model.parameters() if p.requires_grad]
         grad_norm = torch.nn.utils.clip_grad_norm_(params, cfg.max_grad_norm)
         self.optimizer.step()
         self.updates += 1
-        return {**totals, "grad_norm": float(grad_norm), "micro_batches": float(micro)}
+        totals[KEYS.index("grad_norm")] = grad_norm.float()
+        return totals
+
+    @property
+    def device(self) -> torch.device:
+        """Where the policy's weights are: the batch and every metric go there."""
+        return next(self.model.parameters()).device
 
     def _autocast(self, device: torch.device) -> Any:
         """Mixed precision: bf16 matmuls (AMX on recent CPUs, tensor cores on GPUs, ~4x

@@ -48,20 +48,23 @@ def select(batch: Batch, first: int, end: int, *aligned: Tensor) -> tuple[Batch,
 def permute(batch: Batch, order: Sequence[int], *aligned: Tensor) -> tuple[Batch, list[Tensor]]:
     """``batch`` with its samples in ``order`` (a permutation of their indices), and each
     token-aligned tensor of ``aligned`` reordered the same way."""
-    rows = torch.tensor(list(order), dtype=torch.long)
+    rows = torch.tensor(list(order), dtype=torch.long)  # the per-sample tensors: on the host
+    device = batch.input_ids.device
     if batch.layout == "padded":
+        token_rows = rows.to(device, non_blocking=True)
 
         def take(t: Tensor) -> Tensor:
-            return t[rows]
+            return t[token_rows.to(t.device)]
 
         cu = None
     else:
         assert batch.cu_seqlens is not None
         bounds = batch.cu_seqlens.tolist()
         cols = torch.cat([torch.arange(bounds[i], bounds[i + 1]) for i in order])
+        cols = cols.to(device, non_blocking=True)
 
         def take(t: Tensor) -> Tensor:
-            return t[:, cols]
+            return t[:, cols.to(t.device)]
 
         lengths = (batch.cu_seqlens[1:] - batch.cu_seqlens[:-1])[rows]
         cu = torch.cat([lengths.new_zeros(1), lengths.cumsum(0)]).to(batch.cu_seqlens.dtype)
@@ -85,7 +88,7 @@ def _rebuilt(
         attention_mask=None if batch.attention_mask is None else take(batch.attention_mask),
         cu_seqlens=cu, loss_mask=take(batch.loss_mask), logprobs=take(batch.logprobs),
         advantages=take(batch.advantages), returns=take(batch.returns),
-        prompt_lengths=batch.prompt_lengths[samples],
+        prompt_lengths=batch.prompt_lengths[samples],  # (a host index for host tensors)
         completion_lengths=batch.completion_lengths[samples],
         group_ids=batch.group_ids[samples], example_ids=batch.example_ids[samples],
         policy_versions=batch.policy_versions[samples], rewards=batch.rewards[samples],

@@ -162,7 +162,10 @@ def test_cross_sample_attention_leak_is_detected(model):
 
 def test_model_mode_is_restored_and_forward_runs_in_eval(model):
     seen: list[bool] = []
-    handle = model.register_forward_pre_hook(lambda module, args: seen.append(module.training))
+    # the decoder: a plain head is scored from its hidden states, without model.forward
+    handle = model.model.register_forward_pre_hook(
+        lambda module, args: seen.append(module.training)
+    )
     try:
         model.train()
         compute_logprobs(model, pad(make_trajs()), max_tokens=8)
@@ -282,18 +285,37 @@ def test_micro_batches_cover_every_sample_once_within_the_budget(lengths, max_to
     want = torch.zeros(batch.input_ids.shape, dtype=torch.bool)
     for mb in micro_batches(batch, max_tokens):
         if layout == "padded":
-            members = list(range(mb.rows.start, mb.rows.stop))
+            members = _indices(mb.rows, len(lengths))
         else:
-            members = [i for i in range(len(lengths)) if mb.cols.start <= cu[i] < mb.cols.stop]
-            assert mb.cols.start == cu[members[0]] and mb.cols.stop == cu[members[-1] + 1]
+            cols = _indices(mb.cols, cu[-1])
+            members = [i for i in range(len(lengths)) if cu[i] < cu[i + 1] and cu[i] in cols]
+            assert cols == [k for i in members for k in range(cu[i], cu[i + 1])]  # whole samples
         seen += members
         assert mb.input_ids.numel() <= max_tokens or len(members) == 1
         assert torch.equal(mb.input_ids, batch.input_ids[mb.rows, mb.cols])
         assert torch.equal(mb.position_ids, batch.position_ids[mb.rows, mb.cols])
         assert not want[mb.rows, mb.cols].any()  # no token in two micro-batches
         want[mb.rows, mb.cols] = mb.want
-    assert seen == list(range(len(lengths)))
+    assert sorted(seen) == list(range(len(lengths)))
     assert torch.equal(want, batch.loss_mask.bool())  # exactly the completion tokens
+
+
+def _indices(index: slice | torch.Tensor, size: int) -> list[int]:
+    return list(range(size))[index] if isinstance(index, slice) else index.tolist()
+
+
+@pytest.mark.parametrize("layout", ["padded", "packed"])
+def test_micro_batches_hold_samples_of_like_length(layout):
+    """Longest first, first-fit decreasing: padded micro-batches pad little, packed ones
+    fill their budget (the input order alternates short and long samples)."""
+    lengths = [(4, 60 if i % 2 else 4) for i in range(16)]
+    trajs = make_trajs([(p, c, [1] * c) for p, c in lengths])
+    batch = pad(trajs) if layout == "padded" else pack(trajs)
+    plan = list(micro_batches(batch, 128))
+    cells = sum(mb.input_ids.numel() for mb in plan)
+    assert cells <= 1.1 * batch.num_tokens  # in input order: 2 x 64 cells for 68 tokens
+    if layout == "packed":  # 8 x 64 + 8 x 8 tokens: 4 bins of two long, one of all short
+        assert len(plan) == 5
 
 
 def test_max_tokens_below_one_is_an_error():

@@ -16,7 +16,7 @@ from transformers import AutoModelForCausalLM
 from loomrl.experience import compute_logprobs, forward_scores, micro_batches
 from loomrl.models import resolve
 from loomrl.train import minibatch
-from loomrl.train.learner import Learner, sample_of_token
+from loomrl.train.learner import KEYS, Learner, sample_of_token
 from loomrl.train.losses import policy_loss, token_weights
 
 SHAPES = [(5, 4, [1, 1, 1, 1]), (2, 7, [1, 1, 0, 0, 1, 1, 1]), (9, 3, [0, 1, 1]),
@@ -123,6 +123,7 @@ def test_the_learners_old_logprobs_are_taken_once_before_any_update(base):
     update = lrn._update
     lrn._update = lambda *a: seen.append(update(*a)) or seen[-1]  # type: ignore[method-assign]
     lrn.step(batch)
+    seen = [dict(zip(KEYS, row.tolist(), strict=True)) for row in seen]
     assert len(seen) == 4
     assert seen[0]["approx_kl"] < 1e-10 and seen[0]["clip_fraction"] == 0
     assert min(s["approx_kl"] for s in seen[1:]) > 1e-6

@@ -43,7 +43,7 @@ def token_weights(
         return m / max(num_samples, 1)
     if mode == "seq-mean-token-mean":
         index = torch.where(m > 0, sample_of_token, torch.zeros_like(sample_of_token))
-        counts = torch.zeros(max(num_samples, 1), dtype=torch.float32)
+        counts = torch.zeros(max(num_samples, 1), dtype=torch.float32, device=m.device)
         counts = counts.index_add(0, index.flatten(), m.flatten())  # [B] n_i
         return m / (max(num_samples, 1) * counts[index].clamp(min=1.0))
     if mode == "constant":
