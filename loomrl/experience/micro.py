@@ -100,20 +100,18 @@ def _packed(
     cu = batch.cu_seqlens.tolist()  # type: ignore[union-attr]
     lengths = [p[i] + c[i] for i in range(len(p))]
     for members in _bins(lengths, max_tokens, keep_order):
-        spans, wants, keeps, at = [], [], [], 0
+        wants, keeps, at = [], [], 0
         for i in members:
-            spans.append(torch.arange(cu[i], cu[i + 1]))
             want = torch.zeros(lengths[i], dtype=torch.bool)
             want[p[i] + (0 if p[i] else 1) : p[i] + c[i]] = True
             wants.append(want)
             first_kept = at + max(p[i] - 1, 0)
             keeps.append(torch.arange(first_kept, max(first_kept, at + lengths[i] - 1)))
             at += lengths[i]
-        cols: Index = torch.cat(spans)
-        if _adjacent(members):
-            cols = slice(cu[members[0]], cu[members[-1] + 1])
-        else:
-            cols = cols.to(batch.input_ids.device, non_blocking=True)
+        cols: Index = slice(cu[members[0]], cu[members[-1] + 1])
+        if not _adjacent(members):
+            spans = torch.cat([torch.arange(cu[i], cu[i + 1]) for i in members])
+            cols = spans.to(batch.input_ids.device, non_blocking=True)
         keep = torch.cat(keeps) if keeps else torch.zeros(0, dtype=torch.long)
         yield _slice(batch, slice(0, 1), cols, torch.cat(wants)[None, :], keep, members)
 

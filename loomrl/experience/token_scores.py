@@ -14,7 +14,7 @@ bypassed around): there it saves the logits and recomputes the float32 part.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, NamedTuple
 
 import torch
 from torch import Tensor
@@ -22,6 +22,16 @@ from torch import Tensor
 from loomrl.experience.truncation import NONE, Truncation
 
 CHUNK_ROWS = 1024
+
+
+class _Settings(NamedTuple):
+    """What every chunk is computed with (the tensors travel beside it)."""
+
+    temperature: float  # one for all rows (1.0 when each row has its own)
+    entropy: bool
+    truncation: Truncation
+    chunk_rows: int
+    dtype: torch.dtype  # of the head's matmul
 
 
 def score_hidden(
@@ -66,7 +76,8 @@ def _apply(
     entropy_grad: bool, truncation: Truncation, chunk_rows: int, dtype: torch.dtype,
 ) -> tuple[Tensor, Tensor | None]:  # fmt: skip
     per_row = scale.reshape(-1, 1).float() if isinstance(scale, Tensor) else None
-    settings = (float(scale) if per_row is None else 1.0, entropy, truncation, chunk_rows, dtype)
+    temperature = float(scale) if per_row is None else 1.0
+    settings = _Settings(temperature, entropy, truncation, chunk_rows, dtype)
     logp, spread = _Scores.apply(rows, weight, targets, per_row, settings)
     if not entropy:
         return logp, None
@@ -83,12 +94,12 @@ def _compute_dtype(hidden: Tensor, weight: Tensor) -> torch.dtype:
 
 def _chunk(
     rows: Tensor, weight: Tensor | None, targets: Tensor, per_row: Tensor | None,
-    settings: tuple[Any, ...], start: int,
+    settings: _Settings, start: int,
 ) -> tuple[Tensor, Tensor]:  # fmt: skip
     """One chunk's float32 logits (scaled, truncated; a fresh tensor, free to overwrite)
     and its targets; ``weight`` is already in the compute dtype."""
-    temperature, _, truncation, size, _ = settings
-    end = start + size
+    temperature, truncation = settings.temperature, settings.truncation
+    end = start + settings.chunk_rows
     if weight is None:
         z = rows[start:end].to(torch.float32, copy=True)
     else:  # the head in its own numerics: logits rounded to its dtype, as lm_head returns
@@ -112,15 +123,15 @@ class _Scores(torch.autograd.Function):
     @staticmethod
     def forward(  # type: ignore[override]
         ctx: Any, rows: Tensor, weight: Tensor | None, targets: Tensor,
-        per_row: Tensor | None, settings: tuple[Any, ...],
+        per_row: Tensor | None, settings: _Settings,
     ) -> tuple[Tensor, Tensor]:  # fmt: skip
-        _, entropy, truncation, size, dtype = settings
+        entropy, truncation, size = settings.entropy, settings.truncation, settings.chunk_rows
         n = rows.shape[0]
         logp = torch.empty(n, dtype=torch.float32, device=rows.device)
         norms = torch.empty(n, dtype=torch.float32, device=rows.device)
         spread = torch.empty(n if entropy else 0, dtype=torch.float32, device=rows.device)
-        w = None if weight is None else weight.to(dtype)  # cast once, not per chunk
-        h = rows if w is None else rows.to(dtype)
+        w = None if weight is None else weight.to(settings.dtype)  # cast once, not per chunk
+        h = rows if w is None else rows.to(settings.dtype)
         for start in range(0, n, size):
             end = start + size
             z, chunk_targets = _chunk(h, w, targets, per_row, settings, start)

@@ -92,7 +92,7 @@ class ValueModel(torch.nn.Module):
         device = self.head.weight.device
         want = mb.want.to(device)
         b, n = want.shape
-        cols = torch.nonzero(want[:, 1:].any(dim=0)).flatten()  # hidden at t-1 values t
+        cols = mb.logit_columns.to(device)  # hidden at t-1 values t
         out = torch.zeros((b, n), dtype=torch.float32, device=device)
         if cols.numel() == 0:
             return out
