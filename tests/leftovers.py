@@ -16,7 +16,7 @@ import pytest
 
 MARK = "LOOMRL_TEST_RUN"
 KINDS = ("vllm", "raylet", "gcs_server", "ray::", "ray/_private", "default_worker.py", "bwrap",
-         "mcp_calc_server", "openenv_server")  # fmt: skip
+         "mcp_calc_server", "openenv_server", "loomrl.run.learner_rank")  # fmt: skip
 HARNESS = "LOOMRL_HARNESS_SESSION"  # loomrl.harness.program.MARKER
 GRACE_S = 15
 FAIL = True

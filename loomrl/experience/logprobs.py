@@ -1,7 +1,8 @@
 """Per-token logprobs of a batch under an HF causal LM (actor or reference recompute).
 
 ``compute_logprobs(model, batch)`` runs the model without gradients in micro-batches of
-at most ``max_tokens`` tokens and returns a tensor aligned with ``batch.input_ids``:
+at most ``max_tokens`` tokens (each learner rank its share, ``loomrl.experience.ranks``)
+and returns a tensor aligned with ``batch.input_ids``:
 entry ``t`` is ``log p(token_t | tokens_<t)`` for every completion token (model and
 environment tokens alike) and 0 elsewhere, the same alignment as ``batch.logprobs``.
 
@@ -24,9 +25,11 @@ from typing import Any
 
 import torch
 from torch import Tensor
+from torch.distributed.fsdp import FSDPModule
 
 from loomrl.experience.batch import Batch
 from loomrl.experience.micro import MicroBatch, micro_batches
+from loomrl.experience.ranks import my_share, sum_across, world_size
 from loomrl.experience.token_scores import score_hidden, score_targets
 from loomrl.experience.truncation import NONE, Truncation
 
@@ -53,12 +56,13 @@ def compute_logprobs(
     was_training = model.training
     model.eval()
     try:
-        for mb in micro_batches(batch, max_tokens):
+        for mb, real in my_share(micro_batches(batch, max_tokens)):
             lp = forward_logprobs(model, mb, temperature=temperature, truncation=truncation)
-            out[mb.rows, mb.cols] = lp.float().to(out.device)
+            if real:
+                out[mb.rows, mb.cols] = lp.float().to(out.device)
     finally:
         model.train(was_training)
-    return out
+    return sum_across(out)  # learner ranks: each filled its own share
 
 
 def forward_logprobs(
@@ -96,7 +100,9 @@ def forward_scores(
     b, n = want.shape
     out = torch.zeros((b, n), dtype=torch.float32, device=device)
     if cols.numel() == 0:
-        return out, (torch.zeros_like(out) if entropy else None)
+        if world_size() == 1:
+            return out, (torch.zeros_like(out) if entropy else None)
+        cols = torch.zeros(1, dtype=torch.long, device=device)  # ranks all run a forward pass
     inputs = {
         "input_ids": mb.input_ids.to(device, non_blocking=True),
         "position_ids": mb.position_ids.to(device, non_blocking=True),
@@ -137,6 +143,8 @@ def plain_head(model: torch.nn.Module) -> tuple[torch.nn.Module, Tensor] | None:
     """``(decoder, head weight)`` of a causal LM whose logits are ``hidden @ weight.T``
     (a model type in ``PLAIN_HEADS`` with a bias-free linear head), else None."""
     if not isinstance(model, torch.nn.Module):  # a wrapper (adapters off) runs its own forward
+        return None
+    if isinstance(model, FSDPModule):  # its forward gathers the head and embeddings it shares
         return None
     inner: Any = model.get_base_model() if hasattr(model, "get_base_model") else model
     config = getattr(inner, "config", None)

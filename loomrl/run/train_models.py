@@ -1,25 +1,55 @@
-"""The models of a training run, assembled from its plan: the policy (and its processor,
+"""The models of a training run, assembled from its config: the policy (and its processor,
 pixel encoder and LoRA adapters), the reference, the learner, the shaper and the critic,
-each restored from the checkpoint a resumed run continues from."""
+each restored from the checkpoint a resumed run continues from, on the learner's device
+(``loomrl.train.placement``) and, with several learner ranks, sharded
+(``loomrl.train.sharding``).
+
+With several ranks, every rank holds a ``TrainModels`` and runs the same three
+operations (``learn``, ``weights``, ``save``) at the same time: the driver's call first
+orders the others to (``LearnerGroup``, ``loomrl.run.learner_ranks``)."""
 
 from __future__ import annotations
 
 import uuid
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
+from loomrl.experience.batch import Layout
 from loomrl.models import resolve
 from loomrl.models.loading import load_lm, load_preprocessor, tokenizer_of
-from loomrl.run.train_plan import TrainPlan
-from loomrl.train.checkpoint import CheckpointError, load_critic_state, load_learner_state
+from loomrl.rollout import Rollouts
+from loomrl.train.checkpoint import (
+    Checkpoint,
+    CheckpointError,
+    load_critic_state,
+    load_learner_state,
+    save_checkpoint,
+    staging_dir,
+)
+from loomrl.train.config import TrainConfig
 from loomrl.train.critic import Critic, open_critic
 from loomrl.train.learner import Learner
-from loomrl.train.lora import adapters_off, attach
+from loomrl.train.lora import adapters_off, attach, sync_weights
+from loomrl.train.placement import Placement
 from loomrl.train.shaping import Shaper
+from loomrl.train.sharding import (
+    OPTIMIZER_DIR,
+    full_weights,
+    is_sharded,
+    load_full_optimizer,
+    load_optimizer,
+    save_optimizer,
+    shard,
+)
+from loomrl.train.speed import prepare_for_training
+from loomrl.train.step import learn_step
 from loomrl.vision.pixels import PixelEncoder
+
+if TYPE_CHECKING:
+    from loomrl.run.learner_ranks import LearnerGroup
 
 
 @dataclass
@@ -35,15 +65,68 @@ class TrainModels:
     learner: Learner
     shaper: Shaper
     critic: Critic | None
+    placement: Placement  # the learner's device and precision
+    group: LearnerGroup | None = None  # the driver's: the other learner ranks
 
     @property
     def pad_id(self) -> int:
         return tokenizer_of(self.preprocessor).pad_token_id or 0
 
+    def learn(self, layout: Layout, step: int, trajs: Rollouts) -> dict[str, Any]:
+        """Experience and one learner (and critic) step; the shaper's after-step update."""
+        if self.group is not None:
+            self.group.order("learn", layout, step, trajs)
+        row = learn_step(
+            layout, self.learner, trajs, self.pad_id, self.shaper, self.critic, self.images
+        )
+        self.shaper.after_step(step + 1, row)
+        return row
 
-def load_models(plan: TrainPlan) -> TrainModels:
-    """Every model of ``plan``, restored from its checkpoint when it resumes."""
-    config, checkpoint = plan.config, plan.checkpoint
+    def weights(self) -> dict[str, torch.Tensor]:
+        """What a weight sync sends the engines, on the host (rank 0's: the others get
+        ``{}`` from a sharded model)."""
+        if self.group is not None:
+            self.group.order("weights")
+        return full_weights(self.model) if is_sharded(self.model) else sync_weights(self.model)
+
+    def save(self, run_dir: Path, step: int) -> None:
+        """The checkpoint after ``step`` steps: written by rank 0, with a sharded run's
+        optimizer state from every rank (DCP) in its ``optimizer/`` directory."""
+        if self.group is not None:
+            self.group.order("save", run_dir, step)
+        state = {**self.learner.state_dict(), "shaping": self.shaper.state_dict(step)}
+        critic = None if self.critic is None else self.critic.state_dict()
+        if not is_sharded(self.model):
+            save_checkpoint(
+                run_dir, step, self.model, self.preprocessor, state, run_id=self.run_id,
+                critic_state=critic,
+            )  # fmt: skip
+            return
+        import torch.distributed as dist
+
+        weights = full_weights(self.model)
+        if dist.get_rank() == 0:  # writes the rest around every rank's optimizer shard
+
+            def shards(staging: Path) -> None:
+                dist.barrier()  # the staging directory is ready
+                save_optimizer(self.model, self.learner.optimizer, staging / OPTIMIZER_DIR)
+
+            save_checkpoint(
+                run_dir, step, self.model, self.preprocessor, state, run_id=self.run_id,
+                critic_state=critic, weights=weights, write_shards=shards,
+            )  # fmt: skip
+        else:
+            dist.barrier()
+            staging = staging_dir(run_dir, step) / OPTIMIZER_DIR
+            save_optimizer(self.model, self.learner.optimizer, staging)
+        dist.barrier()  # the checkpoint is in place before any rank goes on
+
+
+def load_models(
+    config: TrainConfig, checkpoint: Checkpoint | None, group: LearnerGroup | None = None
+) -> TrainModels:
+    """Every model of a run, restored from ``checkpoint`` when it resumes; sharded when
+    ``config.learner_world_size > 1`` (the process group is up: ``group`` on the driver)."""
     model_dir, adapter, learner_state, critic_state = resolve(config.model), None, None, None
     if checkpoint is not None:
         run_id, model_dir = checkpoint.run_id, checkpoint.model_dir
@@ -54,9 +137,11 @@ def load_models(plan: TrainPlan) -> TrainModels:
     else:
         run_id = uuid.uuid4().hex
         torch.manual_seed(config.seed)
-    dtype = getattr(torch, config.dtype)
+    sharded = config.learner_world_size > 1
+    placement = config.placement(_rank() if sharded else 0)
+    dtype, device = placement.dtype, placement.device
     try:
-        model = load_lm(model_dir, dtype)
+        model = load_lm(model_dir, dtype).to(device)
         preprocessor = load_preprocessor(model_dir)
         images = PixelEncoder.for_model(model_dir)
         if config.lora is not None:
@@ -66,32 +151,64 @@ def load_models(plan: TrainPlan) -> TrainModels:
             raise
         where = adapter or model_dir  # a LoRA run's checkpoint holds the adapter
         raise CheckpointError(f"{where}: the checkpoint's model does not load ({exc})") from exc
-    learner = Learner(model, config.learner(), _reference(plan, model, dtype))
-    if learner_state is not None:
-        learner.load_state_dict(learner_state)
+    prepare_for_training(model, config.gradient_checkpointing, config.compile)
+    reference = _reference(config, model, placement)
+    if sharded:
+        shard(model)
+        if reference is not None:
+            shard(reference)
+    learner = Learner(model, config.learner(), reference)
+    if learner_state is not None and checkpoint is not None:
+        _restore_optimizer(learner, learner_state, checkpoint)
     shaper = Shaper(config.shaping(), learner)
     if learner_state is not None:
-        shaper.load_state_dict(learner_state.get("shaping", {}), plan.start)
+        shaper.load_state_dict(learner_state.get("shaping", {}), checkpoint.step)
     critic = None
     if config.critic:  # a copy of the initial policy (or critic_model); the checkpoint's state
         critic = open_critic(
             resolve(config.critic_model or config.model), config.critic_config(),
             tokenizer_of(preprocessor), dtype=dtype, spec=config.critic_model or config.model,
-            state=critic_state,
+            state=critic_state, device=device,
         )  # fmt: skip
     return TrainModels(
-        run_id, model, model_dir, adapter, preprocessor, images, learner, shaper, critic
-    )
+        run_id, model, model_dir, adapter, preprocessor, images, learner, shaper, critic,
+        placement, group,
+    )  # fmt: skip
 
 
-def _reference(plan: TrainPlan, model: torch.nn.Module, dtype: torch.dtype) -> Any:
+def _restore_optimizer(learner: Learner, state: dict[str, Any], checkpoint: Checkpoint) -> None:
+    """The learner's state; its optimizer's from ``learner.pt`` (a one-process run's) or
+    from the checkpoint's DCP directory (a sharded run's), onto however many ranks this
+    run has."""
+    plain = state.get("optimizer")
+    learner.load_state_dict({k: v for k, v in state.items() if k != "optimizer"})
+    model, optimizer = learner.model, learner.optimizer
+    try:
+        if plain is None:
+            load_optimizer(model, optimizer, checkpoint.path / OPTIMIZER_DIR)
+        elif is_sharded(model):
+            load_full_optimizer(model, optimizer, plain)
+        else:
+            optimizer.load_state_dict(plain)
+    except (RuntimeError, KeyError, ValueError, FileNotFoundError) as exc:
+        raise CheckpointError(
+            f"{checkpoint.path}: the optimizer state does not load ({exc})"
+        ) from exc
+
+
+def _reference(config: TrainConfig, model: torch.nn.Module, placement: Placement) -> Any:
     """The frozen reference the KL term compares with: the base under LoRA's adapters (no
     second copy), else the base model loaded again; none without KL."""
-    config = plan.config
     if not config.kl_coef:
         return None
     if config.lora is not None:
         return adapters_off(model)
-    reference = load_lm(resolve(config.model), dtype)
+    reference = load_lm(resolve(config.model), placement.dtype).to(placement.device)
     reference.requires_grad_(False)
     return reference
+
+
+def _rank() -> int:
+    import torch.distributed as dist
+
+    return dist.get_rank()

@@ -133,10 +133,12 @@ def check_resumable(run: RunDir, config: TrainConfig) -> Checkpoint:
 
 
 def check_vision_training(config: TrainConfig) -> None:
-    """Refuse a critic or LoRA over a vision-language model, before a model is loaded or
-    a file written (their value head and adapters do not handle pixels yet)."""
-    if (config.critic or config.lora is not None) and is_vision(resolve(config.model)):
-        used = "a critic" if config.critic else "LoRA"
+    """Refuse a critic, LoRA or several learner ranks over a vision-language model, before
+    a model is loaded or a file written (their value head, adapters and sharding do not
+    handle pixels yet)."""
+    sharded = config.learner_world_size > 1
+    if (config.critic or config.lora is not None or sharded) and is_vision(resolve(config.model)):
+        used = "a critic" if config.critic else "LoRA" if config.lora else "several learner ranks"
         raise ValueError(
             f"model {config.model!r} sees images: training it with {used} is not "
             "supported (train it fully, with an outcome estimator such as grpo)"

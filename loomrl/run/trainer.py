@@ -26,15 +26,14 @@ from loomrl.producer import ReplayBuffer, SyncProducer
 from loomrl.rollout import Rollouts
 from loomrl.run import engines
 from loomrl.run.common import open_buffer, write_config
+from loomrl.run.learner_ranks import open_models
 from loomrl.run.metrics_log import append_row, rows_up_to
-from loomrl.run.train_models import TrainModels, load_models
+from loomrl.run.train_models import TrainModels
 from loomrl.run.train_plan import TrainPlan
 from loomrl.runs import write_trajectories
-from loomrl.train.checkpoint import save_checkpoint
 from loomrl.train.eval_set import EvalTask
 from loomrl.train.evaluate import eval_due, eval_row
 from loomrl.train.loggers import open_sinks
-from loomrl.train.lora import sync_weights
 from loomrl.train.production import (
     make_producer,
     make_tasks,
@@ -42,7 +41,7 @@ from loomrl.train.production import (
     ran_out,
     scored_evals,
 )
-from loomrl.train.step import learn_step, rollout_metrics
+from loomrl.train.step import rollout_metrics
 
 EngineMaker = Callable[[Path, int], Engine]  # (model directory, policy version) -> engine
 StepCallback = Callable[[dict[str, Any]], None]
@@ -99,7 +98,7 @@ class Trainer:
         config, start = plan.config, plan.start
         tasks = await make_tasks(config, plan.envs, plan.drawn, ray)
         try:
-            models = load_models(plan)
+            models = open_models(plan)
             if plan.overwrite and not plan.resume:
                 plan.run.clear()
             plan.run.path.mkdir(parents=True, exist_ok=True)
@@ -137,11 +136,13 @@ class Trainer:
         # A resumed LoRA run's engine starts from the base model, and a server holds
         # whatever weights it was last given: both get the learner's weights now.
         if models.adapter is not None or has_remote(config.engines) or (ray is not None and start):
-            await self.engine.update_weights(sync_weights(models.model), version=start)
+            await self.engine.update_weights(models.weights(), version=start)
         self.producer = make_producer(config, self.engine, self.buffer, self.tasks)
 
     async def close(self) -> None:
         try:
+            if self.models.group is not None:  # the other learner ranks exit
+                self.models.group.close()
             if self.producer is not None:
                 await self.producer.close()
             if self.engine is not None:
@@ -173,11 +174,7 @@ class Trainer:
 
     def learn(self, step: int, trajs: Rollouts) -> dict[str, Any]:
         """Experience and one learner (and critic) step; the shaper's after-step update."""
-        m = self.models
-        layout = self.config.layout
-        row = learn_step(layout, m.learner, trajs, m.pad_id, m.shaper, m.critic, m.images)
-        m.shaper.after_step(step + 1, row)
-        return row
+        return self.models.learn(self.config.layout, step, trajs)
 
     async def sync(self, step: int) -> dict[str, Any]:
         """The new weights to the engines, every ``sync_weights_interval`` steps and after
@@ -187,7 +184,7 @@ class Trainer:
         assert self.producer is not None
         sync_s, synced = 0.0, (step + 1) % self.config.sync_weights_interval == 0
         if synced or step + 1 == self.config.steps:
-            weights = sync_weights(self.models.model)
+            weights = self.models.weights()
             sync_s = await self.producer.update_weights(weights, version=step + 1)
             synced = True
         return {"sync_s": sync_s, "weights_synced": synced}
@@ -218,6 +215,7 @@ class Trainer:
             **{k: v for env in envs for k, v in env.run_info().items()},
             **engine_metrics(self.engine), **env_metrics(envs),
             "engine/starts": self.starts.count if self.starts is not None else 0,
+            **self.models.placement.describe(),
         }  # fmt: skip
 
     def record(self, row: dict[str, Any], trajs: Rollouts | None = None) -> None:
@@ -234,11 +232,7 @@ class Trainer:
 
     def checkpoint(self, step: int) -> None:
         """After ``step`` steps, when due: every ``checkpoint_every`` and after the last."""
-        config, m = self.config, self.models
+        config = self.config
         if (step + 1) % config.checkpoint_every and step + 1 != config.steps:
             return
-        state = {**m.learner.state_dict(), "shaping": m.shaper.state_dict(step + 1)}
-        save_checkpoint(
-            self.plan.run.path, step + 1, m.model, m.preprocessor, state, run_id=m.run_id,
-            critic_state=None if m.critic is None else m.critic.state_dict(),
-        )  # fmt: skip
+        self.models.save(self.plan.run.path, step + 1)

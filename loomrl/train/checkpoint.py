@@ -2,9 +2,11 @@
 
 Each holds the model and tokenizer (an HF directory that vLLM and transformers load as
 is; a LoRA run's holds ``adapter/`` instead, see ``loomrl.train.lora``), ``learner.pt``
-(optimizer, LR schedule, step count), ``critic.pt`` (only with a critic: its weights,
-value head and optimizer), ``rng.pt`` (torch and Python RNG states) and ``state.json``
-(the step it was taken after and the id of the run that wrote it). A checkpoint is
+(optimizer, LR schedule, step count; a sharded run's optimizer state is in
+``optimizer/``, a ``torch.distributed.checkpoint`` directory), ``critic.pt`` (only with a
+critic: its weights, value head and optimizer), ``rng.pt`` (torch and Python RNG
+states) and ``state.json`` (the step it was taken after and the id of the run that wrote
+it). A checkpoint is
 written to a temporary directory and renamed into place, so a crash never leaves a half
 one behind; of the checkpoints with the writer's run id, the
 newest ``keep`` survive: pruning never touches another run's files.
@@ -22,6 +24,7 @@ import random
 import re
 import shutil
 import zipfile
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -58,23 +61,29 @@ class Checkpoint:
 def save_checkpoint(
     run_dir: Path, step: int, model: Any, tokenizer: Any, learner_state: dict[str, Any],
     keep: int = 2, run_id: str | None = None, critic_state: dict[str, Any] | None = None,
+    weights: dict[str, Any] | None = None, write_shards: Callable[[Path], None] | None = None,
 ) -> Checkpoint:  # fmt: skip
     """Save everything needed to continue after ``step`` (the number of steps done), then
     prune this run's (``run_id``'s) checkpoints to the newest ``keep``. ``critic_state``
-    (a run with a critic) goes to ``critic.pt``; a run without one writes no such file."""
+    (a run with a critic) goes to ``critic.pt``; a run without one writes no such file.
+    A sharded model's full ``weights`` are given (its own state dict holds shards), and
+    ``write_shards`` writes what every rank saves into the staging directory."""
     if keep < 1:
         raise ValueError(f"keep must be >= 1 (the checkpoint being written), got {keep}")
     root = RunDir(run_dir).checkpoints
     root.mkdir(parents=True, exist_ok=True)
     final = root / f"{PREFIX}{step:06d}"
-    tmp = root / f".tmp-{PREFIX}{step:06d}"
+    tmp = staging_dir(run_dir, step)
     owner = _readable_state(final)
     if owner is not None and owner.run_id != run_id:
         raise CheckpointError(f"{final} belongs to another run; not replacing it")
     shutil.rmtree(tmp, ignore_errors=True)
-    weights = tmp / ("adapter" if is_lora(model) else "model")  # LoRA: the adapter only
-    model.save_pretrained(weights, safe_serialization=True)
-    tokenizer.save_pretrained(weights)
+    tmp.mkdir()
+    if write_shards is not None:
+        write_shards(tmp)
+    where = tmp / ("adapter" if is_lora(model) else "model")  # LoRA: the adapter only
+    model.save_pretrained(where, safe_serialization=True, state_dict=weights)
+    tokenizer.save_pretrained(where)
     torch.save(learner_state, tmp / "learner.pt")
     if critic_state is not None:
         torch.save(critic_state, tmp / CRITIC)
@@ -88,6 +97,12 @@ def save_checkpoint(
     for old in mine[:-keep]:
         shutil.rmtree(old.path, ignore_errors=True)
     return Checkpoint(final, step, run_id)
+
+
+def staging_dir(run_dir: Path, step: int) -> Path:
+    """Where the checkpoint after ``step`` steps is written before it is renamed into
+    place (every learner rank writes its optimizer shard there)."""
+    return RunDir(run_dir).checkpoints / f".tmp-{PREFIX}{step:06d}"
 
 
 def list_checkpoints(run_dir: Path) -> list[Checkpoint]:

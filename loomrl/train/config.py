@@ -37,6 +37,7 @@ from loomrl.train.config_rules import check_knobs, check_pool, check_single_env
 from loomrl.train.critic import CriticConfig, check_critic
 from loomrl.train.learner import LearnerConfig
 from loomrl.train.lora import LoraConfig
+from loomrl.train.placement import Device, Placement, place
 from loomrl.train.presets import Algorithm, apply_preset
 
 if TYPE_CHECKING:
@@ -113,11 +114,21 @@ class TrainConfig(BaseModel):
     layout: Literal["packed", "padded"] = Field(
         "padded", description="training batch layout (packed pays off with varlen attention)"
     )
+    device: Device = Field(
+        "auto", description="the learner's device: 'auto' is the GPU when there is one, else cpu"
+    )
     dtype: Literal["float32", "bfloat16"] = Field("float32", description="learner weights")
     autocast: Literal["auto", "bfloat16", "none"] = Field(
         "auto",
         description="mixed-precision matmuls in forward/backward ('none': dtype; 'auto': "
-        "bfloat16 where the hardware multiplies it natively, else none)",
+        "bfloat16 where the learner's device multiplies it natively, else none)",
+    )
+    gradient_checkpointing: bool = Field(
+        False, description="recompute activations in backward (less memory, ~30% more compute)"
+    )
+    compile: bool = Field(False, description="torch.compile the policy's decoder")
+    learner_world_size: int = Field(
+        1, ge=1, description="learner processes (FSDP2: weights, gradients and AdamW sharded)"
     )
     lr: float = Field(1e-5, gt=0, allow_inf_nan=False, description="AdamW learning rate")
     weight_decay: float = Field(0.0, ge=0, allow_inf_nan=False, description="AdamW weight decay")
@@ -374,14 +385,12 @@ class TrainConfig(BaseModel):
             env_timeout=self.env_timeout, seed=self.seed, pass_threshold=self.eval_pass_threshold,
         )  # fmt: skip
 
+    def placement(self, rank: int = 0) -> Placement:
+        """Learner rank ``rank``'s device, weight dtype and autocast, resolved."""
+        return place(self.device, self.dtype, self.autocast, rank)
+
     def resolved_autocast(self) -> str | None:
-        """The learner's matmul dtype: ``auto`` is bf16 only with hardware for it (a GPU,
-        or a CPU with AVX512-BF16/AMX); emulated bf16 was 24x slower than fp32 here."""
-        if self.autocast == "auto":
-            import torch
-
-            from loomrl.hardware import fast_bf16
-
-            device = "cuda" if torch.cuda.is_available() else "cpu"
-            return "bfloat16" if fast_bf16(device) else None
-        return None if self.autocast == "none" else self.autocast
+        """The learner's matmul dtype: ``auto`` is bf16 only with hardware for it on the
+        learner's device (a GPU, or a CPU with AVX512-BF16/AMX); emulated bf16 was 24x
+        slower than fp32 here."""
+        return self.placement().autocast

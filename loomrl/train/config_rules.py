@@ -54,6 +54,7 @@ def check_knobs(config: TrainConfig) -> None:
                 "the estimator's gamma; turn_reward = 'discounted' folds a per-turn discount "
                 "into one number: use 'sum' or 'final+sum'"
             )
+    check_sharded(config)
     lag = config.sync_weights_interval - 1
     if lag > config.max_staleness:
         raise ValueError(
@@ -95,3 +96,21 @@ def example_pool(steps: int, prompts_per_step: int) -> int:
     """Examples each task draws up front: enough for every step even with over-sampling
     and filtering."""
     return steps * prompts_per_step * 4 + 64
+
+
+def check_sharded(config: TrainConfig) -> None:
+    """What several learner ranks cannot train yet, refused by name."""
+    if config.learner_world_size == 1:
+        return
+    unsupported = [
+        name for name, on in (
+            ("critic", config.critic), ("lora", config.lora is not None),
+            ("ref_refresh_every", config.ref_refresh_every), ("compile", config.compile),
+        ) if on
+    ]  # fmt: skip
+    if unsupported:
+        raise ValueError(
+            f"learner_world_size = {config.learner_world_size} shards the policy and the "
+            f"reference; {', '.join(unsupported)} is not supported with several learner "
+            "ranks yet (train it with learner_world_size = 1)"
+        )

@@ -27,8 +27,10 @@ from torch import Tensor
 
 from loomrl.algos import advantages as estimators
 from loomrl.experience import Batch, MicroBatch, micro_batches
+from loomrl.experience.ranks import full_tensor, my_share, sum_across, world_size
 from loomrl.train import minibatch
 from loomrl.train.checkpoint import CRITIC, CheckpointError
+from loomrl.train.learner import fused_adamw
 from loomrl.train.losses.value import explained_variance, value_loss
 
 
@@ -95,7 +97,9 @@ class ValueModel(torch.nn.Module):
         cols = mb.logit_columns.to(device)  # hidden at t-1 values t
         out = torch.zeros((b, n), dtype=torch.float32, device=device)
         if cols.numel() == 0:
-            return out
+            if world_size() == 1:
+                return out
+            cols = torch.zeros(1, dtype=torch.long, device=device)  # ranks all run a forward
         hidden = self.backbone(
             input_ids=mb.input_ids.to(device), position_ids=mb.position_ids.to(device),
             attention_mask=None if mb.attention_mask is None else mb.attention_mask.to(device),
@@ -121,11 +125,12 @@ def load_value_model(
 
 def open_critic(
     model_dir: Path, config: CriticConfig, policy_tokenizer: Any, *, dtype: torch.dtype,
-    spec: str, state: dict[str, Any] | None = None,
+    spec: str, state: dict[str, Any] | None = None, device: torch.device | None = None,
 ) -> Critic:  # fmt: skip
-    """A ``Critic`` on the model at ``model_dir`` (``spec`` names it in errors), with a
-    checkpoint's ``state`` when resuming."""
-    critic = Critic(load_value_model(model_dir, dtype, policy_tokenizer, spec), config)
+    """A ``Critic`` on the model at ``model_dir`` (``spec`` names it in errors) on
+    ``device`` (default the CPU), with a checkpoint's ``state`` when resuming."""
+    model = load_value_model(model_dir, dtype, policy_tokenizer, spec)
+    critic = Critic(model.to(device or torch.device("cpu")), config)
     if state is not None:
         try:
             critic.load_state_dict(state)
@@ -155,9 +160,10 @@ class Critic:
 
     def __init__(self, model: ValueModel, config: CriticConfig) -> None:
         self.model, self.config = model, config
+        params = [p for p in model.parameters() if p.requires_grad]
         self.optimizer = torch.optim.AdamW(
-            [p for p in model.parameters() if p.requires_grad],
-            lr=config.lr, betas=config.betas, weight_decay=config.weight_decay,
+            params, lr=config.lr, betas=config.betas, weight_decay=config.weight_decay,
+            fused=fused_adamw(params),
         )  # fmt: skip
         self.updates = 0
 
@@ -174,12 +180,14 @@ class Critic:
         was_training = self.model.training
         self.model.eval()
         try:
-            for mb in micro_batches(batch, self.config.max_tokens):
+            for mb, real in my_share(micro_batches(batch, self.config.max_tokens)):
                 with self._autocast():
-                    out[mb.rows, mb.cols] = self.model(mb).float().cpu()
+                    values = self.model(mb).float().cpu()
+                if real:
+                    out[mb.rows, mb.cols] = values
         finally:
             self.model.train(was_training)
-        return out
+        return sum_across(out)  # learner ranks: each filled its own share
 
     def step(self, batch: Batch, old: Tensor) -> dict[str, float]:
         """``ppo_epochs`` × mini-batches AdamW steps of the clipped value loss towards
@@ -207,28 +215,34 @@ class Critic:
     def _update(self, batch: Batch, old: Tensor) -> tuple[float, float, float]:
         """One AdamW step on a (mini-)batch: (loss, clip fraction, gradient norm)."""
         cfg = self.config
-        weights = batch.loss_mask / batch.loss_mask.sum().clamp(min=1.0)  # token mean
         device = self.model.head.weight.device
+        batch, old = batch.to(device, metadata=False), old.to(device)  # once: sliced there
+        weights = batch.loss_mask / batch.loss_mask.sum().clamp(min=1.0)  # token mean
         self.model.train()
         self.optimizer.zero_grad(set_to_none=True)
-        loss, clipped = 0.0, 0.0
-        for mb in micro_batches(batch, cfg.max_tokens):
+        totals = torch.zeros(3, dtype=torch.float32, device=device)  # read once, at the end
+        for mb, real in my_share(micro_batches(batch, cfg.max_tokens)):
             at = (mb.rows, mb.cols)
             with self._autocast():
                 values = self.model(mb)
             parts = value_loss(
-                values, old[at].to(device), batch.returns[at].to(device), weights[at].to(device),
+                values, old[at], batch.returns[at], weights[at],
                 clip=cfg.value_clip, coef=cfg.vf_coef,
             )  # fmt: skip
-            if parts.loss.requires_grad:
-                parts.loss.backward()
-            loss += float(parts.loss.detach())
-            clipped += float((weights[at].to(device) * parts.clipped).sum())
+            loss = parts.loss if real else parts.loss * 0.0  # a filler adds nothing
+            if loss.requires_grad:
+                loss.backward()
+            if real:
+                totals[0] += parts.loss.detach().float()
+                totals[1] += (weights[at] * parts.clipped).sum().float()
+        sum_across(totals)
         params = [p for p in self.model.parameters() if p.requires_grad]
-        grad_norm = torch.nn.utils.clip_grad_norm_(params, cfg.max_grad_norm)
+        norm = torch.nn.utils.clip_grad_norm_(params, cfg.max_grad_norm)
+        totals[2] = full_tensor(norm).float()
         self.optimizer.step()
         self.updates += 1
-        return loss, clipped, float(grad_norm)
+        loss, clipped, grad_norm = totals.tolist()
+        return loss, clipped, grad_norm
 
     def state_dict(self) -> dict[str, Any]:
         """Weights (head included), optimizer state and update count: tensors and plain

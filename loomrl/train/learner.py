@@ -24,11 +24,13 @@ from torch import Tensor
 
 from loomrl.algos.corrections import Correction, correct
 from loomrl.experience import Batch, compute_logprobs, forward_scores, micro_batches
+from loomrl.experience.ranks import full_tensor, my_share, sum_across
 from loomrl.experience.truncation import NONE, Truncation
 from loomrl.train import minibatch
 from loomrl.train.losses import compute as compute_loss
 from loomrl.train.losses import token_weights
 from loomrl.train.mismatch import MismatchMeter
+from loomrl.train.sharding import is_sharded
 
 
 @dataclass(frozen=True)
@@ -148,7 +150,7 @@ class Learner:
         old = self._old_logprobs(batch, cfg.ppo_epochs * len(spans))
         lr = self.scheduler.get_last_lr()[0]
         updates: list[Tensor] = []  # each update's KEYS, on the device until the end
-        meter = MismatchMeter()  # over the first epoch: every token once, against π_old
+        meter = MismatchMeter(self.device)  # the first epoch: every token once, against π_old
         for epoch in range(cfg.ppo_epochs):
             mixed, extra = self._epoch_order(batch, epoch, len(spans), old, ref)
             for first, end in spans:
@@ -225,7 +227,7 @@ class Learner:
         self.model.train()
         self.optimizer.zero_grad(set_to_none=True)
         want_entropy = cfg.entropy_metric or cfg.entropy_coef > 0
-        for mb in micro_batches(batch, cfg.max_tokens):
+        for mb, real in my_share(micro_batches(batch, cfg.max_tokens)):
             at = (mb.rows, mb.cols)
             with self._autocast(device):
                 logp, entropy = forward_scores(
@@ -236,7 +238,7 @@ class Learner:
             sampler, mb_owner, w = batch.logprobs[at], owner[at], weights[at]
             model_owner = torch.where(batch.loss_mask[at] > 0, mb_owner, -1)
             corrected = correct(self.correction, mb_old, sampler, model_owner, batch.num_samples)
-            if meter is not None:  # the learner before this step's updates vs the sampler
+            if meter is not None and real:  # the learner before the step's updates vs sampler
                 before = logp.detach() if cfg.old_logprobs == "sampler" else mb_old
                 meter.add(before - sampler, corrected, model_owner, batch.num_samples)
             parts = compute_loss(
@@ -250,8 +252,12 @@ class Learner:
             if cfg.entropy_coef and entropy is not None:  # bonus: higher entropy, lower loss
                 loss = loss - cfg.entropy_coef * (w * entropy).sum()
                 entropy = entropy.detach()
+            if not real:  # a filler: the ranks' passes must pair up; it adds nothing
+                loss = loss * 0.0
             if loss.requires_grad:  # a micro-batch with nothing to score has no graph
                 loss.backward()
+            if not real:
+                continue
             m = mean_w[at]
             log_ratio = logp.detach() - mb_old  # k3 of KL(π_old ‖ π_θ): (ρ - 1) - ln ρ
             zero = torch.zeros((), device=device)
@@ -261,8 +267,9 @@ class Learner:
                 (m * (logp.detach() - sampler).abs()).sum(),
                 (m * (log_ratio.exp() - 1 - log_ratio)).sum(), zero, torch.ones((), device=device),
             ]).float()  # fmt: skip
+        sum_across(totals)  # learner ranks: each summed its own share
         params = [p for p in self.model.parameters() if p.requires_grad]
-        grad_norm = torch.nn.utils.clip_grad_norm_(params, cfg.max_grad_norm)
+        grad_norm = full_tensor(torch.nn.utils.clip_grad_norm_(params, cfg.max_grad_norm))
         self.optimizer.step()
         self.updates += 1
         totals[KEYS.index("grad_norm")] = grad_norm.float()
@@ -281,15 +288,16 @@ class Learner:
         return torch.autocast(device.type, dtype=dtype, enabled=dtype is not None)
 
     def state_dict(self) -> dict[str, Any]:
-        return {
-            "optimizer": self.optimizer.state_dict(),
-            "scheduler": self.scheduler.state_dict(),
-            "steps": self.steps,
-            "updates": self.updates,
-        }
+        """Schedule, counts and (one process) the optimizer's state; a sharded model's
+        optimizer is saved by every rank (``loomrl.train.sharding.save_optimizer``)."""
+        state = {"scheduler": self.scheduler.state_dict(), "steps": self.steps}
+        if not is_sharded(self.model):
+            state["optimizer"] = self.optimizer.state_dict()
+        return {**state, "updates": self.updates}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        self.optimizer.load_state_dict(state["optimizer"])
+        if "optimizer" in state:
+            self.optimizer.load_state_dict(state["optimizer"])
         self.scheduler.load_state_dict(state["scheduler"])
         self.steps = int(state["steps"])
         self.updates = int(state.get("updates", self.steps))  # older checkpoints: 1 per step

@@ -157,8 +157,10 @@ def merged_state_dict(model: torch.nn.Module) -> dict[str, Tensor]:
 
 def sync_weights(model: torch.nn.Module) -> dict[str, Tensor]:
     """What a weight sync sends the engine: the merged weights of a LoRA model, else the
-    model's own state dict."""
-    return merged_state_dict(model) if is_lora(model) else model.state_dict()
+    model's own state dict; on the host (a learner on a GPU copies them once here, the
+    engine's loaders read host memory)."""
+    weights = merged_state_dict(model) if is_lora(model) else model.state_dict()
+    return {k: v.detach().cpu() for k, v in weights.items()}
 
 
 class AdaptersOff:

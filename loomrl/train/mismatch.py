@@ -9,13 +9,15 @@ import torch
 from torch import Tensor
 
 from loomrl.algos.corrections import MAX_LOG_RATIO, Corrected
+from loomrl.experience.ranks import gather_objects, sum_across
 
 
 class MismatchMeter:
     """Sums over the micro-batches of one pass over a batch, kept on the learner's device
     (no host sync per micro-batch); ``metrics()`` reads them once, at the end."""
 
-    def __init__(self) -> None:
+    def __init__(self, device: torch.device | None = None) -> None:
+        self._device = device  # where the sums live (a rank with no tokens sums zeros)
         self._sums: Tensor | None = None  # tokens, k3, ρ, masked, truncated, samples, hit
         self._gaps: list[Tensor] = []
 
@@ -38,10 +40,16 @@ class MismatchMeter:
         self._gaps.append(log_ratio.abs().float())
 
     def metrics(self) -> dict[str, float]:
-        sums = [0.0] * 7 if self._sums is None else self._sums.tolist()
-        tokens, kl, ratio, masked, truncated, sequences, hit = sums
+        """The step's figures; with several learner ranks, over all ranks' tokens (each
+        measured its own micro-batches: the sums are summed, the gaps gathered)."""
+        sums = self._sums
+        if sums is None:
+            sums = torch.zeros(7, dtype=torch.float64, device=self._device)
+        tokens, kl, ratio, masked, truncated, sequences, hit = sum_across(sums).tolist()
         tokens = max(tokens, 1.0)
-        gaps = torch.cat(self._gaps).cpu() if self._gaps else torch.zeros(1)
+        mine = torch.cat(self._gaps).cpu() if self._gaps else torch.zeros(0)
+        gaps = torch.cat(gather_objects(mine))
+        gaps = gaps if gaps.numel() else torch.zeros(1)
         p99 = float(gaps.kthvalue(max(1, int(0.99 * gaps.numel() + 0.999999))).values)
         return {
             "mismatch_kl": kl / tokens,

@@ -1,0 +1,133 @@
+"""Several learner ranks (FSDP2 over gloo on this CPU): two ranks take exactly the step one
+process takes (gradients, metrics, weights and optimizer state, fp32 within 1e-6), and a
+``loomrl train`` with two ranks that is SIGKILLed resumes with every step once and no rank
+left behind."""
+
+from __future__ import annotations
+
+import copy
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import psutil
+import pytest
+import test_learner
+import torch
+from test_learner import ADVANTAGES, SHAPES, adv_rows, make_trajs
+from train_child import child_script, resume_scripted, rows_logged, step_rows
+
+from loomrl.experience import pad
+from loomrl.models import resolve
+from loomrl.train.checkpoint import latest_checkpoint
+from loomrl.train.learner import Learner, LearnerConfig
+from loomrl.train.sharding import load_optimizer
+
+base = test_learner.base  # the fixture
+TESTS = Path(__file__).resolve().parents[1]
+#: Five samples in micro-batches of one sample each: three on one rank, two and a
+#: filler on the other. KL to a (sharded) reference, no clipping of the gradient.
+CONFIG = dict(lr=1e-3, autocast=None, max_tokens=16, kl_coef=0.1, max_grad_norm=1e9)
+
+
+def run_ranks(job: Path, world: int, timeout: float = 180) -> None:
+    env = {
+        **os.environ,
+        "PYTHONPATH": os.pathsep.join([str(TESTS), os.environ.get("PYTHONPATH", "")]),
+    }
+    script = str(TESTS / "sharded_child.py")
+    procs = [
+        subprocess.Popen([sys.executable, script, str(job), str(r), str(world)], env=env)
+        for r in range(world)
+    ]
+    try:
+        for proc in procs:
+            assert proc.wait(timeout=timeout) == 0
+    finally:
+        for proc in procs:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
+
+
+def test_two_ranks_take_the_step_of_one_process(base, tmp_path):
+    trajs = make_trajs(base, [*SHAPES, (4, 2, [1, 1])])
+    batch = pad(trajs, adv_rows(trajs, [*ADVANTAGES, 0.3]), pad_token_id=7)
+    torch.save(
+        {"batch": batch, "config": CONFIG, "state": base.state_dict(),
+         "model_dir": resolve("tiny-random")}, tmp_path / "job.pt",
+    )  # fmt: skip
+    run_ranks(tmp_path, world=2)
+    sharded = torch.load(tmp_path / "out.pt", weights_only=False)
+
+    reference = copy.deepcopy(base)
+    reference.load_state_dict(
+        type(base).from_pretrained(resolve("tiny-random"), dtype=torch.float32).state_dict()
+    )
+    reference.requires_grad_(False)
+    one = Learner(copy.deepcopy(base), LearnerConfig(**CONFIG), reference)
+    metrics = one.step(batch)
+    assert metrics["micro_batches"] == sharded["metrics"]["micro_batches"] == 5
+    for key in ("loss", "kl", "grad_norm", "entropy", "approx_kl", "logprob_gap_p99"):
+        assert sharded["metrics"][key] == pytest.approx(metrics[key], rel=1e-5, abs=1e-7), key
+    for name, param in one.model.named_parameters():
+        assert (sharded["grads"][name] - param.grad).abs().max() <= 1e-6, name
+        assert (sharded["weights"][name] - param.detach()).abs().max() <= 1e-6, name
+
+    # The two ranks' optimizer shards load into one process (DCP) as its own state.
+    fresh = Learner(copy.deepcopy(base), LearnerConfig(**CONFIG), reference)
+    load_optimizer(fresh.model, fresh.optimizer, tmp_path / "optimizer")
+    mine, loaded = one.optimizer.state_dict()["state"], fresh.optimizer.state_dict()["state"]
+    assert mine.keys() == loaded.keys()
+    for index, state in mine.items():
+        for key in ("exp_avg", "exp_avg_sq"):
+            assert (loaded[index][key] - state[key]).abs().max() <= 1e-6
+
+
+STEPS = 3
+TRAIN = dict(
+    model="tiny-random", env="arith", env_args={"max_operand": 5}, steps=STEPS,
+    prompts_per_step=2, n=3, max_tokens=8, max_len=256, checkpoint_every=1, lr=1e-3,
+    learner_world_size=2, micro_batch_tokens=32,
+)  # fmt: skip
+
+
+def ranks_of(pid: int) -> list[psutil.Process]:
+    children = psutil.Process(pid).children(recursive=True)
+    return [p for p in children if "loomrl.run.learner_rank" in " ".join(p.cmdline())]
+
+
+async def test_a_sigkilled_two_rank_run_resumes_with_every_step_once(tmp_path, tokenizer):
+    script = tmp_path / "child.py"
+    script.write_text(child_script(TRAIN, 'f"Answer: {i % 7}"', step_s=0.2))
+    out = tmp_path / "run"
+    child = subprocess.Popen([sys.executable, str(script), str(out)], start_new_session=True)
+    try:
+        deadline = time.monotonic() + 180
+        while not (out / "checkpoints" / "step-000001" / "state.json").is_file():
+            assert child.poll() is None, "training ended before it could be killed"
+            assert time.monotonic() < deadline, "no first checkpoint within 180 s"
+            time.sleep(0.01)
+        ranks = ranks_of(child.pid)
+        assert len(ranks) == 1  # rank 1; rank 0 is the driver itself
+        os.kill(child.pid, signal.SIGKILL)  # the driver only: its rank must notice
+        child.wait()
+        _, alive = psutil.wait_procs(ranks, timeout=30)
+        assert not alive, "a learner rank outlived its SIGKILLed driver"
+    finally:
+        if child.poll() is None:
+            os.killpg(child.pid, signal.SIGKILL)
+            child.wait()
+    killed_at = rows_logged(out)
+    assert 1 <= killed_at < STEPS
+    assert latest_checkpoint(out).step >= 1
+
+    rows = await resume_scripted(TRAIN, out, tokenizer, "Answer: 3")
+    assert [r["step"] for r in rows] == [1, 2, 3]
+    assert all(len(step_rows(out, step)) == 6 for step in range(1, STEPS + 1))
+    assert latest_checkpoint(out).step == STEPS
+    assert (latest_checkpoint(out).path / "optimizer" / ".metadata").is_file()
+    assert rows[-1]["learner/device"] == "cpu"
