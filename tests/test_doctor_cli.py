@@ -28,6 +28,7 @@ def test_run_checks_returns_one_row_per_component(home):
     names = [row.name for row in rows]
     assert names == [
         "torch",
+        "learner",
         "vllm",
         "vision/audio packages",
         "KV cache",
@@ -101,7 +102,7 @@ def test_one_broken_component_does_not_hide_the_others(home, monkeypatch):
     rows = {row.name: row for row in run_checks()}
     assert not rows["torch"].ok
     assert not rows["KV cache"].ok
-    assert len(rows) == 9
+    assert len(rows) == 10
 
 
 # -- parser --------------------------------------------------------------------------------
