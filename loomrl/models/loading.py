@@ -8,16 +8,20 @@ from typing import Any
 
 
 def load_lm(path: str | Path, dtype: Any = None) -> Any:
-    """The language model in ``path`` with its LM head: a vision-language model as
-    ``AutoModelForImageTextToText`` (its forward takes ``pixel_values``), any other as
+    """The language model in ``path`` with its LM head (``load_lm_class``)."""
+    kwargs = {} if dtype is None else {"dtype": dtype}
+    return load_lm_class(path).from_pretrained(path, **kwargs)
+
+
+def load_lm_class(path: str | Path) -> Any:
+    """The auto class of the model in ``path``: ``AutoModelForImageTextToText`` for a
+    vision-language model (its forward takes ``pixel_values``), else
     ``AutoModelForCausalLM``."""
     from transformers import AutoModelForCausalLM, AutoModelForImageTextToText
 
     from loomrl.models import is_vision
 
-    kind = AutoModelForImageTextToText if is_vision(path) else AutoModelForCausalLM
-    kwargs = {} if dtype is None else {"dtype": dtype}
-    return kind.from_pretrained(path, **kwargs)
+    return AutoModelForImageTextToText if is_vision(path) else AutoModelForCausalLM
 
 
 def load_preprocessor(path: str | Path) -> Any:

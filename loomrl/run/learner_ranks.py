@@ -28,6 +28,7 @@ from typing import IO, Any
 from loomrl import lifeline
 from loomrl.run.train_models import TrainModels, load_models
 from loomrl.run.train_plan import TrainPlan
+from loomrl.train.budget import micro_batch_tokens
 from loomrl.train.checkpoint import Checkpoint
 from loomrl.train.config import TrainConfig
 
@@ -39,8 +40,11 @@ _HEADER = struct.Struct("!Q")
 
 def open_models(plan: TrainPlan) -> TrainModels:
     """The run's models: in this process alone, or sharded over ``learner_world_size``
-    ranks started here (closed again if loading fails)."""
+    ranks started here (closed again if loading fails); ``micro_batch_tokens = "auto"``
+    resolved once, here, for every rank."""
     config = plan.config
+    if config.micro_batch_tokens == "auto":
+        config = config.model_copy(update={"micro_batch_tokens": micro_batch_tokens(config)})
     if config.learner_world_size == 1:
         return load_models(config, plan.checkpoint)
     group = LearnerGroup.start(config, plan.checkpoint)

@@ -72,6 +72,11 @@ class TrainModels:
     def pad_id(self) -> int:
         return tokenizer_of(self.preprocessor).pad_token_id or 0
 
+    def describe(self) -> dict[str, Any]:
+        """What every metrics row says of how the learner trains."""
+        budget = self.learner.config.max_tokens
+        return {**self.placement.describe(), "learner/micro_batch_tokens": budget}
+
     def learn(self, layout: Layout, step: int, trajs: Rollouts) -> dict[str, Any]:
         """Experience and one learner (and critic) step; the shaper's after-step update."""
         if self.group is not None:

@@ -215,7 +215,7 @@ class Trainer:
             **{k: v for env in envs for k, v in env.run_info().items()},
             **engine_metrics(self.engine), **env_metrics(envs),
             "engine/starts": self.starts.count if self.starts is not None else 0,
-            **self.models.placement.describe(),
+            **self.models.describe(),
         }  # fmt: skip
 
     def record(self, row: dict[str, Any], trajs: Rollouts | None = None) -> None:

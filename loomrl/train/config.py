@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator, model_validator
 
@@ -197,7 +197,11 @@ class TrainConfig(BaseModel):
         description="train LoRA adapters {r, alpha, dropout, targets} on the frozen model "
         "instead of all its weights (None: full fine-tuning; needs loomrl[lora])",
     )
-    micro_batch_tokens: int = Field(2048, ge=1, description="tokens per forward/backward")
+    micro_batch_tokens: Annotated[int, Field(ge=1)] | Literal["auto"] = Field(
+        "auto",
+        description="tokens per forward/backward ('auto': from the learner device's free "
+        "memory, loomrl.train.budget)",
+    )
     # Shaping, KL and sync knobs (loomrl.train.shaping; docs/training.md "Knobs").
     reward_norm: Literal["none", "batch", "running"] = Field(
         "none", description="normalise rewards by the step's or a running mean and std"
@@ -352,7 +356,7 @@ class TrainConfig(BaseModel):
             correction_low=self.correction_low, correction_high=self.correction_high,
             temperature=self.temperature,
             truncation=Truncation(self.top_p, self.top_k, self.min_p),
-            max_tokens=self.micro_batch_tokens,
+            max_tokens=self._budget(),
             autocast=self.resolved_autocast(),
             loss=self.loss, drift_coef=self.drift_coef, ppo_epochs=self.ppo_epochs,
             mini_batch_size=self.mini_batch_size, old_logprobs=self.old_logprobs,
@@ -371,7 +375,7 @@ class TrainConfig(BaseModel):
         return CriticConfig(
             lr=self.critic_lr, weight_decay=self.weight_decay, max_grad_norm=self.max_grad_norm,
             value_clip=self.value_clip, vf_coef=self.vf_coef, ppo_epochs=self.ppo_epochs,
-            mini_batch_size=self.mini_batch_size, max_tokens=self.micro_batch_tokens,
+            mini_batch_size=self.mini_batch_size, max_tokens=self._budget(),
             autocast=self.resolved_autocast(),
         )  # fmt: skip
 
@@ -384,6 +388,11 @@ class TrainConfig(BaseModel):
             max_turns=self.max_turns, max_len=self.max_len, concurrency=self.concurrency,
             env_timeout=self.env_timeout, seed=self.seed, pass_threshold=self.eval_pass_threshold,
         )  # fmt: skip
+
+    def _budget(self) -> int:
+        """``micro_batch_tokens``; ``auto`` is resolved before the models load
+        (``loomrl.train.budget``), until then the fixed default stands in."""
+        return 2048 if self.micro_batch_tokens == "auto" else self.micro_batch_tokens
 
     def placement(self, rank: int = 0) -> Placement:
         """Learner rank ``rank``'s device, weight dtype and autocast, resolved."""

@@ -131,3 +131,4 @@ async def test_a_sigkilled_two_rank_run_resumes_with_every_step_once(tmp_path, t
     assert latest_checkpoint(out).step == STEPS
     assert (latest_checkpoint(out).path / "optimizer" / ".metadata").is_file()
     assert rows[-1]["learner/device"] == "cpu"
+    assert rows[-1]["learner/micro_batch_tokens"] == 32
