@@ -64,6 +64,19 @@ def train_cli(config_text: str, tmp_path: Path, timeout: float = 900) -> tuple[P
     return out, [json.loads(line) for line in (out / "metrics.jsonl").open()]
 
 
+async def train_scripted(
+    config: dict[str, Any], out: Path, tokenizer: Any, reply: str = "Answer: 3"
+) -> list[dict[str, Any]]:
+    """Train ``config`` into ``out`` with a scripted engine that always says ``reply``."""
+
+    def make_engine(model_dir: Path, version: int) -> ScriptedEngine:
+        engine = ScriptedEngine(lambda ids, p: reply, tokenizer=tokenizer)
+        engine.set_policy_version(version)
+        return engine
+
+    return await train(TrainConfig(**config), out, make_engine=make_engine)
+
+
 async def resume_scripted(
     config: dict[str, Any], out: Path, tokenizer: Any, reply: str
 ) -> list[dict[str, Any]]:

@@ -27,6 +27,7 @@ import torch
 from torch import Tensor
 from torch.distributed.fsdp import FSDPModule
 
+from loomrl.experience.attention import document_lengths, prepare_attention
 from loomrl.experience.batch import Batch
 from loomrl.experience.micro import MicroBatch, micro_batches
 from loomrl.experience.ranks import my_share, sum_across, world_size
@@ -111,6 +112,9 @@ def forward_scores(
         else mb.attention_mask.to(device, non_blocking=True),
         "use_cache": False,  # also lets transformers build packed-sequence masks
     }
+    packed = mb.attention_mask is None and mb.pixels is None  # one row of whole samples
+    documents = (mb.documents or _documents(mb.position_ids)) if packed else None
+    inputs.update(prepare_attention(model, inputs["position_ids"], documents))
     targets = inputs["input_ids"][:, cols + 1].reshape(-1)  # [b·k]
     scale = _temperatures(mb, cols, temperature, device)  # float, or [b, k]
     options = {"entropy": entropy, "entropy_grad": entropy_grad, "truncation": truncation}
@@ -167,6 +171,11 @@ def _temperatures(
         return temperature
     recorded = mb.temperatures.to(device, non_blocking=True)[:, cols + 1]  # [b, k]
     return torch.where(torch.isnan(recorded), temperature, recorded).reshape(-1)
+
+
+def _documents(position_ids: Tensor) -> tuple[int, ...]:
+    """A hand-made packed micro-batch's sample lengths, read from its position ids."""
+    return tuple(document_lengths(position_ids))
 
 
 def _accepts_logits_to_keep(model: torch.nn.Module) -> bool:

@@ -9,6 +9,7 @@ images keep their sample order (their pixels are sliced by sample range).
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -30,7 +31,9 @@ class MicroBatch:
     tensor when its samples are not adjacent); ``want [b, n]`` marks the tokens whose
     logprob is needed: completion tokens, except a sample's very first token (no prompt),
     which has no context of its own to be scored from. ``keep [k]`` are the columns whose
-    logits predict a wanted token (column ``t`` predicts token ``t + 1``).
+    logits predict a wanted token (column ``t`` predicts token ``t + 1``). A packed
+    micro-batch (one row of whole samples) knows its samples' lengths (``documents``), so
+    attention can stay within each without reading the row back from the device.
     """
 
     rows: Index
@@ -42,6 +45,7 @@ class MicroBatch:
     temperatures: Tensor | None = None  # [b, n]: each token's sampling temperature, or NaN
     pixels: Pixels | None = None  # the images of the slice's samples (vision models)
     keep: Tensor | None = None
+    documents: tuple[int, ...] | None = None  # a packed row's sample lengths, on the host
 
     @property
     def logit_columns(self) -> Tensor:
@@ -113,7 +117,8 @@ def _packed(
             spans = torch.cat([torch.arange(cu[i], cu[i + 1]) for i in members])
             cols = spans.to(batch.input_ids.device, non_blocking=True)
         keep = torch.cat(keeps) if keeps else torch.zeros(0, dtype=torch.long)
-        yield _slice(batch, slice(0, 1), cols, torch.cat(wants)[None, :], keep, members)
+        mb = _slice(batch, slice(0, 1), cols, torch.cat(wants)[None, :], keep, members)
+        yield dataclasses.replace(mb, documents=tuple(lengths[i] for i in members))
 
 
 def _bins(lengths: list[int], budget: int, keep_order: bool) -> list[list[int]]:

@@ -36,11 +36,11 @@ from loomrl.train.lora import adapters_off, attach, sync_weights
 from loomrl.train.placement import Placement
 from loomrl.train.shaping import Shaper
 from loomrl.train.sharding import (
+    CRITIC_OPTIMIZER_DIR,
     OPTIMIZER_DIR,
     full_weights,
     is_sharded,
-    load_full_optimizer,
-    load_optimizer,
+    restore_optimizer,
     save_optimizer,
     shard,
 )
@@ -114,7 +114,7 @@ class TrainModels:
 
             def shards(staging: Path) -> None:
                 dist.barrier()  # the staging directory is ready
-                save_optimizer(self.model, self.learner.optimizer, staging / OPTIMIZER_DIR)
+                self._save_shards(staging)
 
             save_checkpoint(
                 run_dir, step, self.model, self.preprocessor, state, run_id=self.run_id,
@@ -122,9 +122,15 @@ class TrainModels:
             )  # fmt: skip
         else:
             dist.barrier()
-            staging = staging_dir(run_dir, step) / OPTIMIZER_DIR
-            save_optimizer(self.model, self.learner.optimizer, staging)
+            self._save_shards(staging_dir(run_dir, step))
         dist.barrier()  # the checkpoint is in place before any rank goes on
+
+    def _save_shards(self, staging: Path) -> None:
+        """This rank's optimizer shards (the policy's, the critic's) into ``staging``."""
+        save_optimizer(self.model, self.learner.optimizer, staging / OPTIMIZER_DIR)
+        if self.critic is not None:
+            where = staging / CRITIC_OPTIMIZER_DIR
+            save_optimizer(self.critic.model, self.critic.optimizer, where)
 
 
 def load_models(
@@ -173,7 +179,8 @@ def load_models(
         critic = open_critic(
             resolve(config.critic_model or config.model), config.critic_config(),
             tokenizer_of(preprocessor), dtype=dtype, spec=config.critic_model or config.model,
-            state=critic_state, device=device,
+            state=critic_state, device=device, sharded=sharded,
+            optimizer_dir=None if checkpoint is None else checkpoint.path / CRITIC_OPTIMIZER_DIR,
         )  # fmt: skip
     return TrainModels(
         run_id, model, model_dir, adapter, preprocessor, images, learner, shaper, critic,
@@ -185,16 +192,10 @@ def _restore_optimizer(learner: Learner, state: dict[str, Any], checkpoint: Chec
     """The learner's state; its optimizer's from ``learner.pt`` (a one-process run's) or
     from the checkpoint's DCP directory (a sharded run's), onto however many ranks this
     run has."""
-    plain = state.get("optimizer")
     learner.load_state_dict({k: v for k, v in state.items() if k != "optimizer"})
-    model, optimizer = learner.model, learner.optimizer
+    shards = checkpoint.path / OPTIMIZER_DIR
     try:
-        if plain is None:
-            load_optimizer(model, optimizer, checkpoint.path / OPTIMIZER_DIR)
-        elif is_sharded(model):
-            load_full_optimizer(model, optimizer, plain)
-        else:
-            optimizer.load_state_dict(plain)
+        restore_optimizer(learner.model, learner.optimizer, state.get("optimizer"), shards)
     except (RuntimeError, KeyError, ValueError, FileNotFoundError) as exc:
         raise CheckpointError(
             f"{checkpoint.path}: the optimizer state does not load ({exc})"

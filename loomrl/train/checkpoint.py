@@ -148,7 +148,7 @@ def load_critic_state(checkpoint: Checkpoint) -> dict[str, Any]:
             "one cannot resume from it"
         )
     state = _load(path)
-    if not isinstance(state, dict) or not {"model", "optimizer", "updates"} <= set(state):
+    if not isinstance(state, dict) or not {"model", "updates"} <= set(state):
         raise CheckpointError(f"{path} is malformed: not a critic's state")
     return state
 

@@ -104,13 +104,13 @@ def check_sharded(config: TrainConfig) -> None:
         return
     unsupported = [
         name for name, on in (
-            ("critic", config.critic), ("lora", config.lora is not None),
+            ("lora", config.lora is not None),
             ("ref_refresh_every", config.ref_refresh_every), ("compile", config.compile),
         ) if on
     ]  # fmt: skip
     if unsupported:
         raise ValueError(
-            f"learner_world_size = {config.learner_world_size} shards the policy and the "
-            f"reference; {', '.join(unsupported)} is not supported with several learner "
-            "ranks yet (train it with learner_world_size = 1)"
+            f"learner_world_size = {config.learner_world_size} shards the policy, the "
+            f"reference and the critic; {', '.join(unsupported)} is not supported with "
+            "several learner ranks yet (train it with learner_world_size = 1)"
         )

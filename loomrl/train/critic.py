@@ -32,6 +32,7 @@ from loomrl.train import minibatch
 from loomrl.train.checkpoint import CRITIC, CheckpointError
 from loomrl.train.learner import fused_adamw
 from loomrl.train.losses.value import explained_variance, value_loss
+from loomrl.train.sharding import full_weights, is_sharded, restore_optimizer, shard
 
 
 @dataclass(frozen=True)
@@ -126,18 +127,25 @@ def load_value_model(
 def open_critic(
     model_dir: Path, config: CriticConfig, policy_tokenizer: Any, *, dtype: torch.dtype,
     spec: str, state: dict[str, Any] | None = None, device: torch.device | None = None,
+    sharded: bool = False, optimizer_dir: Path | None = None,
 ) -> Critic:  # fmt: skip
     """A ``Critic`` on the model at ``model_dir`` (``spec`` names it in errors) on
-    ``device`` (default the CPU), with a checkpoint's ``state`` when resuming."""
-    model = load_value_model(model_dir, dtype, policy_tokenizer, spec)
-    critic = Critic(model.to(device or torch.device("cpu")), config)
-    if state is not None:
-        try:
-            critic.load_state_dict(state)
-        except (RuntimeError, KeyError, ValueError, TypeError) as exc:
-            raise CheckpointError(
-                f"{CRITIC}: the checkpoint's critic does not fit the model {spec!r} ({exc})"
-            ) from exc
+    ``device`` (default the CPU), with a checkpoint's ``state`` when resuming; sharded
+    over the learner ranks when ``sharded`` (its weights restored first, whole; a sharded
+    run's optimizer state is in the DCP directory ``optimizer_dir``)."""
+    model = load_value_model(model_dir, dtype, policy_tokenizer, spec).to(device or "cpu")
+    try:
+        if state is not None:
+            model.load_state_dict(state["model"])
+        if sharded:
+            shard(model)
+        critic = Critic(model, config)
+        if state is not None:
+            critic.load_state_dict(state, optimizer_dir)
+    except (RuntimeError, KeyError, ValueError, TypeError, FileNotFoundError) as exc:
+        raise CheckpointError(
+            f"{CRITIC}: the checkpoint's critic does not fit the model {spec!r} ({exc})"
+        ) from exc
     return critic
 
 
@@ -246,14 +254,21 @@ class Critic:
 
     def state_dict(self) -> dict[str, Any]:
         """Weights (head included), optimizer state and update count: tensors and plain
-        data only, so a checkpoint loads it with ``weights_only=True``."""
+        data only, so a checkpoint loads it with ``weights_only=True``. Sharded: the
+        whole weights (rank 0's; every rank calls this) and no optimizer state (every
+        rank saves its shard, ``save_optimizer``)."""
+        if is_sharded(self.model):
+            return {"model": full_weights(self.model), "updates": self.updates}
         return {
             "model": self.model.state_dict(),
             "optimizer": self.optimizer.state_dict(),
             "updates": self.updates,
         }
 
-    def load_state_dict(self, state: dict[str, Any]) -> None:
-        self.model.load_state_dict(state["model"])
-        self.optimizer.load_state_dict(state["optimizer"])
+    def load_state_dict(self, state: dict[str, Any], optimizer_dir: Path | None = None) -> None:
+        """The weights (unless sharded: ``open_critic`` loaded them before sharding) and
+        the optimizer's state, from ``state`` or a sharded run's DCP directory."""
+        if not is_sharded(self.model):
+            self.model.load_state_dict(state["model"])
+        restore_optimizer(self.model, self.optimizer, state.get("optimizer"), optimizer_dir)
         self.updates = int(state["updates"])

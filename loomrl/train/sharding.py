@@ -24,6 +24,7 @@ from torch import Tensor
 
 #: The DCP directory of a sharded run's optimizer state, inside a checkpoint.
 OPTIMIZER_DIR = "optimizer"
+CRITIC_OPTIMIZER_DIR = "critic-optimizer"  # the critic's, in a run with one
 
 
 def is_sharded(model: Any) -> bool:
@@ -36,11 +37,10 @@ def shard(model: torch.nn.Module) -> None:
     """Shard ``model`` in place over the default process group's ranks."""
     from torch.distributed.fsdp import FSDPModule, fully_shard
 
-    inner: Any = model.get_base_model() if hasattr(model, "get_base_model") else model
-    layers = set(getattr(inner, "_no_split_modules", None) or [])
+    layers = {name for m in model.modules() for name in getattr(m, "_no_split_modules", None) or []}
     if not layers:
         raise ValueError(
-            f"{type(inner).__name__} names no decoder layers (_no_split_modules): cannot "
+            f"{type(model).__name__} names no decoder layers (_no_split_modules): cannot "
             "shard it layer by layer"
         )
     for module in list(model.modules()):
@@ -102,3 +102,20 @@ def load_full_optimizer(
     set_optimizer_state_dict(
         model, optimizer, {"state": state, "param_groups": groups}, options=options
     )
+
+
+def restore_optimizer(
+    model: torch.nn.Module, optimizer: torch.optim.Optimizer, plain: dict[str, Any] | None,
+    shards: Path | None,
+) -> None:  # fmt: skip
+    """A checkpoint's optimizer state onto however many ranks this run has: ``plain``
+    (a one-process run's ``state_dict()``), else the DCP directory ``shards`` (a sharded
+    run's)."""
+    if plain is None:
+        if shards is None:
+            raise ValueError("the checkpoint holds no optimizer state")
+        load_optimizer(model, optimizer, shards)
+    elif is_sharded(model):
+        load_full_optimizer(model, optimizer, plain)
+    else:
+        optimizer.load_state_dict(plain)

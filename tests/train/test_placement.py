@@ -98,7 +98,7 @@ def test_compile_compiles_the_decoder_in_place_and_keeps_the_numbers(base):
 
 @pytest.mark.parametrize(
     ("extra", "named"),
-    [({"estimator": "gae"}, "critic"), ({"lora": {"r": 4}}, "lora"),
+    [({"lora": {"r": 4}}, "lora"),
      ({"kl_coef": 0.1, "ref_refresh_every": 2}, "ref_refresh_every"),
      ({"compile": True}, "compile")],
 )  # fmt: skip

@@ -18,7 +18,7 @@ import pytest
 import test_learner
 import torch
 from test_learner import ADVANTAGES, SHAPES, adv_rows, make_trajs
-from train_child import child_script, resume_scripted, rows_logged, step_rows
+from train_child import child_script, resume_scripted, rows_logged, step_rows, train_scripted
 
 from loomrl.experience import pad
 from loomrl.models import resolve
@@ -132,3 +132,20 @@ async def test_a_sigkilled_two_rank_run_resumes_with_every_step_once(tmp_path, t
     assert (latest_checkpoint(out).path / "optimizer" / ".metadata").is_file()
     assert rows[-1]["learner/device"] == "cpu"
     assert rows[-1]["learner/micro_batch_tokens"] == 32
+
+
+async def test_a_two_rank_run_with_a_critic_trains_as_one_process_does(tmp_path, tokenizer):
+    """PPO with a critic, two steps: policy and critic sharded over two ranks log what one
+    process logs (bf16 autocast off: fp32 sums in another order stay within 1e-4)."""
+    config = {**TRAIN, "estimator": "gae", "steps": 2, "autocast": "none"}
+
+    async def run(world: int) -> list[dict]:
+        settings = {**config, "learner_world_size": world}
+        return await train_scripted(settings, tmp_path / f"run-{world}", tokenizer)
+
+    one, two = await run(1), await run(2)
+    for a, b in zip(one, two, strict=True):
+        for key in ("loss", "grad_norm", "value_loss", "critic_grad_norm", "values_mean"):
+            assert b[key] == pytest.approx(a[key], rel=1e-4, abs=1e-7), key
+    critic = latest_checkpoint(tmp_path / "run-2").path
+    assert (critic / "critic-optimizer" / ".metadata").is_file()
