@@ -17,7 +17,7 @@ of plain PyTorch (HF forward on padded rows, full-vocabulary log_softmax + gathe
 token-mean loss, backward, clip, AdamW), the same on every version of loomrl.
 
     python benchmarks/learner_step.py [--size 0.5b] [--samples 8] [--variants ...]
-        [--device cpu|cuda] [--write [--section TITLE]]
+        [--device cpu|cuda] [--checkpointing] [--compile] [--write [--section TITLE]]
 """
 
 from __future__ import annotations
@@ -172,6 +172,10 @@ def one(args: argparse.Namespace) -> dict[str, Any]:
 
         cell_count = int(batch.input_ids.numel())
     else:
+        if args.checkpointing or args.compile:  # loomrl's switches (loomrl.train.speed)
+            from loomrl.train.speed import prepare_for_training
+
+            prepare_for_training(model, args.checkpointing, args.compile)
         learner = Learner(model, learner_config(args))
 
         def step() -> None:
@@ -220,6 +224,10 @@ def main() -> None:
     parser.add_argument("--device", default="cpu")
     parser.add_argument("--steps", type=int, default=2)
     parser.add_argument("--learner", default="{}", help="extra LearnerConfig fields (JSON)")
+    parser.add_argument(
+        "--checkpointing", action="store_true", help="loomrl's variants with gradient checkpointing"
+    )
+    parser.add_argument("--compile", action="store_true", help="loomrl's variants compiled")
     parser.add_argument("--variants", nargs="+", default=list(VARIANTS), choices=VARIANTS)
     parser.add_argument("--label", default="", help="a name for this version of loomrl")
     parser.add_argument("--write", action="store_true")
@@ -256,7 +264,10 @@ def main() -> None:
         setting = (
             f"Model `{args.size}` (random init, fp32 weights, autocast {args.autocast or 'none'}), "
             f"{args.samples} GRPO samples ({rows[0]['tokens']:,} tokens), micro-batch budget "
-            f"{args.budget}, device {args.device}; median of {args.steps} steps after a warm-up."
+            f"{args.budget}, device {args.device}"
+            f"{', gradient checkpointing' if args.checkpointing else ''}"
+            f"{', torch.compile' if args.compile else ''}; median of "
+            f"{args.steps} steps after a warm-up."
         )
         write_section(args.section, setting + "\n\n" + "\n".join(lines))
 

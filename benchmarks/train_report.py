@@ -1,7 +1,7 @@
 """Summarise `loomrl train` runs: reward curves (docs/training.md) and the step-time
 breakdown rollout / experience / learner / sync (docs/benchmarks.md).
 
-    python benchmarks/train_report.py RUN_DIR [RUN_DIR ...] [--write]
+    python benchmarks/train_report.py RUN_DIR [RUN_DIR ...] [--write [--times-only]]
 """
 
 from __future__ import annotations
@@ -65,16 +65,23 @@ def curves(runs: list[Path]) -> str:
 def breakdown(runs: list[Path]) -> str:
     keys = ("rollout_s", "experience_s", "learner_s", "sync_s", "step_s")
     lines = [
-        "| run | " + " | ".join(k.removesuffix("_s") + " s" for k in keys) + " | learner share |",
-        "|---|" + "---:|" * (len(keys) + 1),
-    ]
+        "| run | " + " | ".join(k.removesuffix("_s") + " s" for k in keys)
+        + " | learner share | learner (device, precision, micro-batch tokens) |",
+        "|---|" + "---:|" * (len(keys) + 1) + "---|",
+    ]  # fmt: skip
     for run in runs:
         _, rows = load(run)
         med = {k: statistics.median(r.get(k) or 0.0 for r in rows) for k in keys}
+        last = rows[-1]
+        learner = ", ".join(
+            str(last[k])
+            for k in ("learner/device", "learner/precision", "learner/micro_batch_tokens")
+            if k in last
+        )  # older runs do not say
         lines.append(
             f"| `{run.name}` | "
             + " | ".join(f"{med[k]:.2f}" for k in keys)
-            + f" | {med['learner_s'] / med['step_s']:.0%} |"
+            + f" | {med['learner_s'] / med['step_s']:.0%} | {learner or '-'} |"
         )
     return "\n".join(lines)
 
@@ -83,6 +90,9 @@ def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("runs", nargs="+", type=Path)
     parser.add_argument("--write", action="store_true")
+    parser.add_argument(
+        "--times-only", action="store_true", help="write only the step-time section"
+    )
     args = parser.parse_args()
     config, _ = load(args.runs[0])
     setup = (
@@ -95,7 +105,8 @@ def main() -> None:
     times = setup + " Median seconds per step:\n\n" + breakdown(args.runs)
     print(text, "\n\n", times)
     if args.write:
-        write_section("Training runs", text, doc=DOCS / "training.md")
+        if not args.times_only:
+            write_section("Training runs", text, doc=DOCS / "training.md")
         write_section("Training step time", times)
 
 

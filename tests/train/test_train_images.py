@@ -292,7 +292,7 @@ def test_the_pixel_cache_is_bounded_by_bytes(chat, images):
     assert torch.equal(none.encode(trajs).values, fresh.values) and none.cached_bytes == 0
 
 
-@pytest.mark.parametrize("kind", ["critic", "lora"])
+@pytest.mark.parametrize("kind", ["critic", "lora", "ranks"])
 async def test_a_critic_or_lora_over_a_vision_model_is_refused_before_any_work(
     tmp_path, model_dir, monkeypatch, kind
 ):
@@ -302,9 +302,13 @@ async def test_a_critic_or_lora_over_a_vision_model_is_refused_before_any_work(
         raise AssertionError("a model was loaded before the refusal")
 
     monkeypatch.setattr(train_models, "load_lm", no_load)
-    extra = {"critic": True, "estimator": "gae"} if kind == "critic" else {"lora": {"r": 4}}
+    extra = {
+        "critic": {"critic": True, "estimator": "gae"}, "lora": {"lora": {"r": 4}},
+        "ranks": {"learner_world_size": 2},
+    }[kind]  # fmt: skip
     config = TrainConfig(model=str(model_dir), env="shapes", steps=1, **extra)
-    out, used = tmp_path / "run", "a critic" if kind == "critic" else "LoRA"
+    used = {"critic": "a critic", "lora": "LoRA", "ranks": "several learner ranks"}[kind]
+    out = tmp_path / "run"
     with pytest.raises(ValueError, match=f"sees images: training it with {used} is not"):
         await train(config, out, make_engine=lambda *a: pytest.fail("engine started"))
     assert not out.exists()
