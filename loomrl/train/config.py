@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated, Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator, model_validator
 
@@ -32,6 +32,7 @@ from loomrl.experience.truncation import Truncation
 from loomrl.experience.turn_credit import TurnCredit
 from loomrl.models import DEFAULT_MODEL
 from loomrl.rewards.config import RewardConfig
+from loomrl.train import device_fields as devices
 from loomrl.train import offpolicy_fields as offpolicy
 from loomrl.train.config_rules import check_knobs, check_pool, check_single_env
 from loomrl.train.critic import CriticConfig, check_critic
@@ -114,22 +115,16 @@ class TrainConfig(BaseModel):
     layout: Literal["packed", "padded"] = Field(
         "padded", description="training batch layout (packed pays off with varlen attention)"
     )
-    device: Device = Field(
-        "auto", description="the learner's device: 'auto' is the GPU when there is one, else cpu"
-    )
+    device: Device = devices.DEVICE
     dtype: Literal["float32", "bfloat16"] = Field("float32", description="learner weights")
     autocast: Literal["auto", "bfloat16", "none"] = Field(
         "auto",
         description="mixed-precision matmuls in forward/backward ('none': dtype; 'auto': "
         "bfloat16 where the learner's device multiplies it natively, else none)",
     )
-    gradient_checkpointing: bool = Field(
-        False, description="recompute activations in backward (less memory, ~30% more compute)"
-    )
-    compile: bool = Field(False, description="torch.compile the policy's decoder")
-    learner_world_size: int = Field(
-        1, ge=1, description="learner processes (FSDP2: weights, gradients and AdamW sharded)"
-    )
+    gradient_checkpointing: bool = devices.GRADIENT_CHECKPOINTING
+    compile: bool = devices.COMPILE
+    learner_world_size: int = devices.LEARNER_WORLD_SIZE
     lr: float = Field(1e-5, gt=0, allow_inf_nan=False, description="AdamW learning rate")
     weight_decay: float = Field(0.0, ge=0, allow_inf_nan=False, description="AdamW weight decay")
     warmup_steps: int = Field(0, ge=0, description="linear warm-up steps")
@@ -197,11 +192,7 @@ class TrainConfig(BaseModel):
         description="train LoRA adapters {r, alpha, dropout, targets} on the frozen model "
         "instead of all its weights (None: full fine-tuning; needs loomrl[lora])",
     )
-    micro_batch_tokens: Annotated[int, Field(ge=1)] | Literal["auto"] = Field(
-        "auto",
-        description="tokens per forward/backward ('auto': from the learner device's free "
-        "memory, loomrl.train.budget)",
-    )
+    micro_batch_tokens: devices.Budget = devices.MICRO_BATCH_TOKENS
     # Shaping, KL and sync knobs (loomrl.train.shaping; docs/training.md "Knobs").
     reward_norm: Literal["none", "batch", "running"] = Field(
         "none", description="normalise rewards by the step's or a running mean and std"

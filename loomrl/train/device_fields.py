@@ -1,0 +1,27 @@
+"""``TrainConfig``'s device fields (where the learner trains, how its steps are cut, how
+many processes share it), defined here so the config module stays one screen per
+concern; ``docs/training.md`` ("Devices") explains each."""
+
+from __future__ import annotations
+
+from typing import Annotated, Any, Literal
+
+from pydantic import Field
+
+Budget = Annotated[int, Field(ge=1)] | Literal["auto"]
+
+DEVICE: Any = Field(
+    "auto", description="the learner's device: 'auto' is the GPU when there is one, else cpu"
+)
+GRADIENT_CHECKPOINTING: Any = Field(
+    False, description="recompute activations in backward (less memory, ~30% more compute)"
+)
+COMPILE: Any = Field(False, description="torch.compile the policy's decoder")
+LEARNER_WORLD_SIZE: Any = Field(
+    1, ge=1, description="learner processes (FSDP2: weights, gradients and AdamW sharded)"
+)
+MICRO_BATCH_TOKENS: Any = Field(
+    "auto",
+    description="tokens per forward/backward ('auto': from the learner device's free memory, "
+    "loomrl.train.budget)",
+)
