@@ -3,6 +3,7 @@ loads its shard of the models, then does what the driver orders until end-of-fil
 
 from __future__ import annotations
 
+import os
 import sys
 
 
@@ -12,7 +13,7 @@ def main() -> int:
     lifeline.watch_parent()  # a SIGKILLed driver sends no end-of-file to wait for
     import torch.distributed as dist
 
-    from loomrl.run.learner_ranks import join, receive
+    from loomrl.run.learner_ranks import READY, join, receive
     from loomrl.run.train_models import load_models
 
     pipe = sys.stdin.buffer
@@ -20,6 +21,13 @@ def main() -> int:
     if setup is None:
         return 1
     config, checkpoint, rendezvous, rank, world = setup
+    if config.placement(rank).device.type == "cuda":  # a missing GPU fails here, not later
+        import torch
+
+        torch.cuda.set_device(rank)
+    sys.stdout.buffer.write(READY)
+    sys.stdout.flush()
+    os.dup2(2, 1)  # what it prints from here on goes to the driver's stderr
     join(rendezvous, rank, world, config)
     try:
         models = load_models(config, checkpoint)

@@ -36,6 +36,7 @@ from loomrl.train.config import TrainConfig
 #: noticed at once: gloo sees its sockets close).
 COLLECTIVE_TIMEOUT = timedelta(minutes=30)
 _HEADER = struct.Struct("!Q")
+READY = b"ready\n"  # a rank's first line: it runs, and joins the group next
 
 
 def open_models(plan: TrainPlan) -> TrainModels:
@@ -108,11 +109,21 @@ class LearnerGroup:
             for rank in range(1, world):
                 proc = subprocess.Popen(
                     [sys.executable, "-m", "loomrl.run.learner_rank"], stdin=subprocess.PIPE,
-                    env=env,
+                    stdout=subprocess.PIPE, env=env,
                 )  # fmt: skip
                 ranks.append(proc)
                 assert proc.stdin is not None
-                send(proc.stdin, (config, checkpoint, rendezvous, rank, world))
+                try:
+                    send(proc.stdin, (config, checkpoint, rendezvous, rank, world))
+                except BrokenPipeError:  # it died already: named below
+                    pass
+            for rank, proc in enumerate(ranks, start=1):  # joining would wait for a dead rank
+                assert proc.stdout is not None
+                if proc.stdout.readline() != READY:
+                    raise RuntimeError(
+                        f"learner rank {rank} exited while starting ({proc.wait()}); see its "
+                        "error above"
+                    )
             join(rendezvous, 0, world, config)
         except BaseException:
             group.close()

@@ -149,3 +149,19 @@ async def test_a_two_rank_run_with_a_critic_trains_as_one_process_does(tmp_path,
             assert b[key] == pytest.approx(a[key], rel=1e-4, abs=1e-7), key
     critic = latest_checkpoint(tmp_path / "run-2").path
     assert (critic / "critic-optimizer" / ".metadata").is_file()
+
+
+def test_a_rank_that_dies_while_starting_is_named_not_waited_for(tmp_path, monkeypatch):
+    """The driver would otherwise wait in the rendezvous for a rank that never comes."""
+    from loomrl.run import learner_ranks
+    from loomrl.train.config import TrainConfig
+
+    broken = tmp_path / "python"
+    broken.write_text("#!/bin/sh\necho 'no torch here' >&2\nexit 3\n")
+    broken.chmod(0o755)
+    monkeypatch.setattr(learner_ranks.sys, "executable", str(broken))
+    config = TrainConfig(**{**TRAIN, "learner_world_size": 3})
+    started = time.monotonic()
+    with pytest.raises(RuntimeError, match=r"learner rank 1 exited while starting \(3\)"):
+        learner_ranks.LearnerGroup.start(config, None)
+    assert time.monotonic() - started < 30
