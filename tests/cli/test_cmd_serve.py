@@ -23,9 +23,12 @@ def no_server(monkeypatch):
     [(["--model", "no-such-model"], "unknown model 'no-such-model'"),
      (["--model", "tiny-random", "--port", "0"], "--port 0: must be in 1..65535"),
      (["--model", "tiny-random", "--max-len", "0"], "--max-len 0: must be >= 1"),
-     (["--model", "tiny-random", "--kv-cache-gib", "-1"], "--kv-cache-gib -1: must be >= 1")],
+     (["--model", "tiny-random", "--kv-cache-gib", "-1"], "--kv-cache-gib -1: must be >= 1"),
+     (["--model", "tiny-random", "--host", "0.0.0.0"], "--host 0.0.0.0 without --api-key"),
+     (["--model", "tiny-random", "--host", "my-box.lan"], "--host my-box.lan without --api-key")],
 )  # fmt: skip
-def test_bad_flags_are_one_line(cli, argv, message):
+def test_bad_flags_are_one_line(cli, argv, message, monkeypatch):
+    monkeypatch.delenv("LOOMRL_API_KEY", raising=False)
     result = cli("serve", *argv)
     assert result.code == 2 and message in result.error
 
@@ -87,3 +90,32 @@ def test_a_server_that_fails_is_one_line(cli, monkeypatch):
     monkeypatch.setattr(engine_serve, "start_server", lambda spec, **kw: FakeServer(3))
     result = cli("serve", "--model", "tiny-random", "--port", "18557")
     assert result.code == 2 and "the vLLM server exited with status 3" in result.error
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [(["--tensor-parallel-size", "0"], "--tensor-parallel-size 0: must be >= 1"),
+     (["--gpu-memory-utilization", "1.5"], "--gpu-memory-utilization 1.5: must be in (0, 1]"),
+     (["--vllm-args", "--max-num-batched-tokenz 8192"], "vLLM says: unrecognized arguments"),
+     (["--vllm-args", "--logprobs-mode raw_logits"], "--vllm-args --logprobs-mode: loomrl sets"),
+     (["--vllm-args=--port=9"], "--vllm-args --port: loomrl sets it")],
+)  # fmt: skip
+def test_bad_gpu_flags_are_one_line_before_any_server(cli, argv, message):
+    result = cli("serve", "--model", "tiny-random", *argv)
+    assert result.code == 2 and message in result.error, result.error
+
+
+def test_gpu_flags_reach_vllms_command_line(monkeypatch):
+    from loomrl.engines.serve_flags import GpuFlags, check
+
+    flags = GpuFlags.parse(2, 0.3, "--max-logprobs 10 --cpu-offload-gb=2")
+    command = engine_serve.server_command("tiny-random", gpu=flags)
+    check(flags, engine_serve.server_command("tiny-random"))  # vLLM knows them all
+    assert command[-7:] == [
+        "--tensor-parallel-size", "2", "--gpu-memory-utilization", "0.3",
+        "--max-logprobs", "10", "--cpu-offload-gb=2",
+    ]  # fmt: skip
+    monkeypatch.setattr(engine_serve, "_on_cpu", lambda: False)  # a GPU: CUDA graphs on
+    assert "--enforce-eager" not in engine_serve.server_command("tiny-random")
+    monkeypatch.setattr(engine_serve, "_on_cpu", lambda: True)
+    assert "--enforce-eager" in engine_serve.server_command("tiny-random")

@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import asyncio
 import json
+import urllib.error
+import urllib.request
 
 import psutil
 import pytest
@@ -95,6 +97,28 @@ async def test_abort_and_bad_requests_on_the_real_server(engine):
     # The server still serves after the abort.
     after = await engine.generate([1, 2, 3], SamplingParams(max_tokens=3, ignore_eos=True))
     assert len(after.token_ids) == 3 and await engine.health()
+
+
+def status(url: str, key: str | None = None) -> int:
+    headers = {"Authorization": f"Bearer {key}"} if key else {}
+    try:
+        with urllib.request.urlopen(urllib.request.Request(url, headers=headers), timeout=10):
+            return 200
+    except urllib.error.HTTPError as exc:
+        return exc.code
+
+
+def test_every_rl_route_needs_the_key(server):
+    """vLLM's --api-key guards /v1 only; loomrl's ServerGuard the RL routes too."""
+    routes = ["/collective_rpc", "/update_weights", "/pause", "/resume", "/sleep",
+              "/wake_up", "/reset_prefix_cache", "/abort_requests", "/server_info",
+              "/is_paused", "/metrics", "/v1/models", "/init_weight_transfer_engine"]  # fmt: skip
+    refused = {path: status(server.url + path) for path in routes}
+    assert set(refused.values()) == {401}, refused
+    assert {status(server.url + path, "guess") for path in routes} == {401}
+    assert status(server.url + "/health") == 200
+    assert status(server.url + "/is_paused", KEY) == 200
+    assert status(server.url + "/v1/models", KEY) == 200
 
 
 async def test_bad_servers_are_refused_with_one_clear_line(server):
