@@ -47,8 +47,11 @@ def same_message(a: Message, b: Message) -> bool:
 
 
 def same_request(a: ChatRequest, b: ChatRequest) -> bool:
-    """Whether ``b`` repeats ``a`` (a client's retry): the same conversation and tools."""
+    """Whether ``b`` repeats ``a`` (a client's retry): the same conversation, tools and
+    turn limits (asking again with another ``stop`` or ``max_tokens`` is a new turn)."""
     if a.tools != b.tools or a.tool_choice != b.tool_choice or len(a.messages) != len(b.messages):
+        return False
+    if (a.stop, a.max_tokens, a.keep_stop) != (b.stop, b.max_tokens, b.keep_stop):
         return False
     return all(same_message(x, y) for x, y in zip(a.messages, b.messages, strict=True))
 
@@ -131,8 +134,14 @@ def answer_message(
     return message, bad
 
 
-def before_stop(text: str, stops: Sequence[str]) -> str:
+def before_stop(text: str, stops: Sequence[str], keep: bool = False) -> str:
     """``text`` up to the first of ``stops`` (what an OpenAI answer holds when a stop
-    string ended the generation; the trajectory keeps every sampled token)."""
-    cut = min((i for i in (text.find(s) for s in stops) if i >= 0), default=len(text))
-    return text[:cut]
+    string ended the generation; the trajectory keeps every sampled token); ``keep``
+    (``include_stop_str_in_output``) keeps that stop string, and, as vLLM's server does,
+    nothing after it (the last sampled token may run past it: ``ervation`` for ``Observ``)."""
+    found = [(at, at + len(s)) for s in stops if (at := text.find(s)) >= 0]
+    if not found:
+        return text
+    if keep:  # up to the end of the stop string that was complete first
+        return text[: min(end for _, end in found)]
+    return text[: min(at for at, _ in found)]  # no stop string is left in the answer

@@ -162,9 +162,7 @@ class HarnessEnv(Environment):
         session, request = episode.session, episode.request
         assert request is not None
         offered = session.tools if request.tool_choice == "auto" else None
-        text = message["content"]
-        if not request.keep_stop:
-            text = before_stop(text, request.stop)
+        text = before_stop(message["content"], request.stop, request.keep_stop)
         api_message, invalid = answer_message(text, self.parser, offered, _call_id)
         session.api.append(api_message)
         turn, episode.turn = episode.turn, None

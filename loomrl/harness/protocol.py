@@ -30,7 +30,7 @@ SAMPLING_KEYS = frozenset(
         "frequency_penalty", "repetition_penalty", "min_p", "min_tokens", "user",
         "metadata", "store", "parallel_tool_calls",
         "reasoning_effort", "service_tier", "stream_options", "skip_special_tokens",
-        "include_stop_str_in_output", "return_token_ids", "extra_body",
+        "return_token_ids", "extra_body",
     }
 )  # fmt: skip
 #: Parameters that would change the answer's shape or content in ways not served here.
@@ -45,6 +45,7 @@ KNOWN_KEYS = frozenset(
     {
         "messages", "tools", "tool_choice", "stream", "n", "logprobs", "top_logprobs",
         "response_format", "stop", "max_tokens", "max_completion_tokens",
+        "include_stop_str_in_output",
     }
 )  # fmt: skip
 
@@ -124,29 +125,42 @@ def parse_request(body: Any) -> ChatRequest:
         model=model if type(model) is str else "",
         stop=_stop(body.get("stop")),
         max_tokens=_max_tokens(body),
-        keep_stop=body.get("include_stop_str_in_output") is True,
+        keep_stop=_flag(body, "include_stop_str_in_output"),
     )
 
 
 def _stop(value: Any) -> tuple[str, ...]:
-    """``stop``: None, a string, or a list of non-empty strings."""
+    """``stop``: None, a string, or a list of non-empty strings (any number of them, as
+    vLLM's server takes; OpenAI's own API allows four)."""
     if value is None:
         return ()
     values = [value] if type(value) is str else value
     if type(values) is not list or not all(type(v) is str and v for v in values):
-        raise RequestError("stop must be a non-empty string or a list of them", param="stop")
+        raise RequestError(
+            f"stop must be a non-empty string or a list of them, got {value!r:.80}", param="stop"
+        )
     return tuple(dict.fromkeys(values))
 
 
 def _max_tokens(body: dict[str, Any]) -> int | None:
-    """``max_completion_tokens``, else the older ``max_tokens``: a positive integer."""
-    key = "max_completion_tokens" if body.get("max_completion_tokens") is not None else "max_tokens"
+    """``max_completion_tokens``, else the older ``max_tokens``: positive integers (both
+    are checked when both are sent; the newer one applies)."""
+    values = {}
+    for key in ("max_tokens", "max_completion_tokens"):
+        value = body.get(key)
+        if value is not None and (type(value) is not int or value < 1):
+            raise RequestError(f"{key} must be a positive integer, got {value!r:.80}", param=key)
+        values[key] = value
+    newer = values["max_completion_tokens"]
+    return newer if newer is not None else values["max_tokens"]
+
+
+def _flag(body: dict[str, Any], key: str) -> bool:
+    """An optional boolean parameter (absent or null: false)."""
     value = body.get(key)
-    if value is None:
-        return None
-    if type(value) is not int or value < 1:
-        raise RequestError(f"{key} must be a positive integer, got {value!r}", param=key)
-    return value
+    if value is not None and type(value) is not bool:
+        raise RequestError(f"{key} must be a boolean, got {value!r:.80}", param=key)
+    return bool(value)
 
 
 def _messages(value: Any) -> list[Message]:

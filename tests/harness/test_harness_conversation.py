@@ -8,8 +8,18 @@ import copy
 import itertools
 import json
 
+import pytest
+
 from loomrl import parsers
-from loomrl.harness.conversation import answer_message, extension, rendered, same_message
+from loomrl.harness.conversation import (
+    answer_message,
+    before_stop,
+    extension,
+    rendered,
+    same_message,
+    same_request,
+)
+from loomrl.harness.protocol import parse_request
 
 HERMES = parsers.get("hermes")
 TOOLS = [
@@ -195,3 +205,33 @@ def test_an_echo_without_the_text_of_a_tool_call_turn_is_the_same_message():
     assert not same_message(
         {"role": "assistant", "content": ""}, plain
     )  # no calls: the text counts
+
+
+REPLY = "Action: add 2 3\nObservation: 7"  # the last token sampled may be ``ervation``
+
+
+@pytest.mark.parametrize(
+    ("stops", "keep", "expected"),
+    [
+        (("Observation:",), False, "Action: add 2 3\n"),
+        (("Observation:",), True, "Action: add 2 3\nObservation:"),
+        (("Observ",), True, "Action: add 2 3\nObserv"),  # not the rest of its token
+        (("Observation:", "\nObs"), False, "Action: add 2 3"),  # the earliest start
+        (("Observation:", "\nObs"), True, "Action: add 2 3\nObs"),  # the first complete
+        (("Final",), False, REPLY),  # no stop string in it: the whole text
+        ((), True, REPLY),
+    ],
+)
+def test_an_answer_stops_where_its_stop_strings_say(stops, keep, expected):
+    assert before_stop(REPLY, stops, keep) == expected
+
+
+def test_a_request_with_other_turn_limits_is_not_a_retry():
+    def request(**extra):
+        return parse_request({"messages": [{"role": "user", "content": "hi"}], **extra})
+
+    assert same_request(request(stop="x", max_tokens=3), request(stop=["x"], max_tokens=3))
+    assert not same_request(request(max_tokens=3), request(max_tokens=4))
+    assert not same_request(request(max_tokens=3), request())
+    assert not same_request(request(stop="x"), request(stop="y"))
+    assert not same_request(request(stop="x"), request(stop="x", include_stop_str_in_output=True))

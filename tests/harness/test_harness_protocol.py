@@ -92,11 +92,19 @@ def test_sampling_parameters_are_accepted_but_do_not_change_the_request():
         ({"stop": ["a", "b", "a"], "max_completion_tokens": 7}, ("a", "b"), 7),
         ({"max_completion_tokens": 2, "max_tokens": 9}, (), 2),  # the newer name wins
         ({"stop": None, "max_tokens": None, "max_completion_tokens": None}, (), None),
+        ({"stop": [f"s{i}" for i in range(6)]}, tuple(f"s{i}" for i in range(6)), None),
+        ({"stop": [], "max_completion_tokens": None, "max_tokens": 4}, (), 4),
     ],
 )
 def test_a_requests_stop_and_token_cap_are_parsed(fields, stop, max_tokens):
     chat = parse_request(body(**fields))
     assert (chat.stop, chat.max_tokens) == (stop, max_tokens)
+
+
+@pytest.mark.parametrize(("value", "keep"), [(True, True), (False, False), (None, False)])
+def test_include_stop_str_in_output_is_read(value, keep):
+    chat = parse_request(body(stop="x", include_stop_str_in_output=value))
+    assert chat.keep_stop is keep
 
 
 @pytest.mark.parametrize(
@@ -108,12 +116,20 @@ def test_a_requests_stop_and_token_cap_are_parsed(fields, stop, max_tokens):
         ({"max_tokens": 0}, "max_tokens"),
         ({"max_tokens": "5"}, "max_tokens"),
         ({"max_completion_tokens": True}, "max_completion_tokens"),
+        ({"stop": [1]}, "stop"),
+        ({"stop": {"a": "b"}}, "stop"),
+        ({"max_tokens": -3}, "max_tokens"),
+        ({"max_tokens": 5.0}, "max_tokens"),
+        ({"max_completion_tokens": 0}, "max_completion_tokens"),
+        ({"max_completion_tokens": 4, "max_tokens": -1}, "max_tokens"),  # both are checked
+        ({"stop": "x", "include_stop_str_in_output": "yes"}, "include_stop_str_in_output"),
     ],
 )
 def test_a_bad_stop_or_token_cap_is_refused_by_name(fields, param):
     with pytest.raises(RequestError) as caught:
         parse_request(body(**fields))
     assert caught.value.param == param and caught.value.status == 400
+    assert param in str(caught.value)  # the message names the field too
 
 
 def test_stream_usage_and_logprobs_flags():
