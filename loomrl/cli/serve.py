@@ -39,6 +39,10 @@ def add_parser(sub: Any) -> None:
     )  # fmt: skip
     sv.add_argument("--seed", type=int, default=0, help="sampling seed of the server")
     sv.add_argument(
+        "--dtype", choices=["auto", "float32", "bfloat16", "float16"],
+        help="weights' dtype (default: the model's; float32 on a CPU without native bf16)",
+    )  # fmt: skip
+    sv.add_argument(
         "--tensor-parallel-size", type=int, metavar="N", help="GPUs one model is split over"
     )
     sv.add_argument(
@@ -100,6 +104,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
             args.model, port=args.port, host=args.host, kv_cache_gib=args.kv_cache_gib,
             max_len=args.max_len, api_key=args.api_key, seed=args.seed,
             max_num_seqs=args.max_num_seqs, block_size=args.block_size, gpu=gpu_flags(args),
+            dtype=args.dtype,
         )  # fmt: skip
     except ServerStartError as exc:
         raise UsageError(str(exc)) from None

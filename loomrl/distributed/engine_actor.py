@@ -7,8 +7,10 @@ run in it at once. A ``RayEngine`` joins an ``EnginePool`` like any engine: a de
 raises ``EngineUnavailable`` (the pool fails its requests over to another replica and
 retires it), ``health()`` pings it.
 
-Weights reach the actors through Ray's object store: ``update_weights`` puts a state dict
-there once, however many replicas take it (on one machine the store is shared memory).
+Weights stream from the trainer straight into the actor's vLLM workers when its engine
+takes loomrl's weight transfer (``weight_sync="transfer"``, the default: the actor's
+workers connect to the trainer, ``TransferLink``). Otherwise they go through Ray's object
+store: ``update_weights`` puts a state dict there once, however many replicas take it.
 A request the caller stops waiting for (a cancelled rollout, an ``env_timeout``) is
 cancelled in the actor too, where the engine aborts it.
 """
@@ -19,6 +21,7 @@ import asyncio
 import contextlib
 import functools
 import os
+import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -33,6 +36,7 @@ from loomrl.distributed.cluster import (
     require_ray,
 )
 from loomrl.engines.base import Engine, EngineUnavailable
+from loomrl.engines.transfer_sender import TransferLink
 from loomrl.types import Completion, SamplingParams
 
 EngineMaker = Callable[[], Engine]
@@ -58,6 +62,9 @@ class EngineActor:
             "pid": os.getpid(),
             "vision": bool(getattr(engine, "vision", False)),
             "model_path": None if path is None else str(path),
+            "weight_sync": getattr(engine, "weight_sync", "file"),
+            "dtype": str(getattr(engine, "dtype", "")).removeprefix("torch."),
+            "address": _node_address(),
         }
 
     async def generate(
@@ -76,6 +83,12 @@ class EngineActor:
 
     async def update_weights(self, weights: Mapping[str, Any], version: int | None) -> float:
         return float(await self._engine.update_weights(weights, version=version))
+
+    async def open_transfer(self, init_info: dict[str, Any]) -> int:
+        return int(await self._engine.open_transfer(init_info))
+
+    async def receive_transfer(self, update_info: dict[str, Any], version: int) -> None:
+        await self._engine.receive_transfer(update_info, version)
 
     async def score(self, token_ids: list[int]) -> list[float]:
         return list(await self._engine.score(token_ids))
@@ -133,6 +146,10 @@ class RayEngine:
         self._ping_timeout_s = ping_timeout_s
         self._in_flight: set[str] = set()
         self._closed = False
+        self._link: TransferLink | None = None
+        if info.get("weight_sync") == "transfer":
+            self._link = TransferLink(str(info["address"]))
+            self._dtype = str(info["dtype"])
 
     def __repr__(self) -> str:
         return f"RayEngine({self.name}, pid {self.pid})"
@@ -198,11 +215,28 @@ class RayEngine:
             return []
 
     async def update_weights(self, weights: Mapping[str, Any], version: int | None = None) -> float:
-        """Load ``weights`` in the actor's engine (put in the object store once for every
-        replica they go to); its in-flight requests end as ``abort``. Returns seconds."""
+        """Load ``weights`` in the actor's engine (streamed into its workers, else put in
+        the object store once for every replica they go to); its in-flight requests end
+        as ``abort``. Returns seconds."""
+        if self._link is not None and isinstance(weights, Mapping):  # not a LoRA adapter
+            import torch
+
+            start, new = (
+                time.perf_counter(),
+                self._policy_version + 1 if version is None else version,
+            )
+            await self._link.push(self, weights, getattr(torch, self._dtype), new)
+            self._policy_version = await self._call("ping")
+            return time.perf_counter() - start
         seconds = await self._call("update_weights", shared_weights(weights), version)
         self._policy_version = await self._call("ping")
         return float(seconds)
+
+    async def open_transfer(self, init_info: dict[str, Any]) -> int:
+        return int(await self._call("open_transfer", init_info))
+
+    async def receive_transfer(self, update_info: dict[str, Any], version: int) -> None:
+        await self._call("receive_transfer", update_info, version)
 
     async def score(self, token_ids: Sequence[int]) -> list[float]:
         return await self._call("score", list(token_ids))
@@ -221,6 +255,8 @@ class RayEngine:
         if self._closed:
             return
         self._closed = True
+        if self._link is not None:
+            self._link.close()
         ray = require_ray()
         if not ray.is_initialized():  # the cluster went first, and its actors with it
             return
@@ -261,6 +297,12 @@ class RayEngine:
             raise
         except dead_actor_errors() as exc:
             raise EngineUnavailable(f"{self.name} is gone: {type(exc).__name__}") from None
+
+
+def _node_address() -> str:
+    """The address the trainer's transfer reaches this actor's host at."""
+    ray = require_ray()
+    return str(ray.util.get_node_ip_address())
 
 
 _shared: tuple[Any, Any] | None = None  # (weights object, its object-store reference)

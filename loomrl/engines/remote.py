@@ -18,24 +18,24 @@ needs and the generate route (``--enable-scale-out``) that images need.
 ``await engine.check()`` (done by ``async with`` and by the first ``generate``) fetches
 the context length and refuses a server that serves another model or tokenizer.
 
-Weights travel through a shared filesystem: ``update_weights`` writes a safetensors file
-to ``/dev/shm`` and asks the server (``/collective_rpc`` ``loomrl_load_weights``) to read
-it (``remote_weights``), so the trainer and the server must run on the same machine (or
-share that path).
-Measured on this 2-core CPU (shared with two training runs):
-1.65 s median for the default model (SmolLM2-135M, bf16; ``benchmarks/remote_weight_sync.py``),
-~1.2 s for tiny-random: mostly the server's in-place reload and the pause/resume round trips.
+Weights travel through vLLM's weight-transfer routes into loomrl's ``loomrl_tcp`` backend:
+the server's workers connect to the trainer and the tensors stream bucket by bucket, so
+the server may run on another host (``remote_weights``, ``transfer_sender``). With
+``weight_sync="file"`` they go as a safetensors file in ``/dev/shm`` that the server reads,
+so both must share that path. Seconds per sync: docs/benchmarks.md "Weight sync".
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import itertools
 import time
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import AsyncIterator, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
+from urllib.parse import urlsplit
 
 from loomrl.engines.base import check_prompt, tokens_left
 from loomrl.engines.remote_check import ServerModel, identify
@@ -48,7 +48,15 @@ from loomrl.engines.remote_images import (
     scale_out_hint,
 )
 from loomrl.engines.remote_sampling import NEUTRAL, sampling_fields
-from loomrl.engines.remote_weights import load_weights, reset_prefix_cache
+from loomrl.engines.remote_weights import (
+    load_weights,
+    open_transfer,
+    receive_transfer,
+    require_rl_routes,
+    reset_prefix_cache,
+)
+from loomrl.engines.transfer_sender import TransferLink
+from loomrl.engines.vllm_sync import check_weight_sync
 from loomrl.types import Completion, SamplingParams
 
 if TYPE_CHECKING:
@@ -91,6 +99,7 @@ class RemoteEngine:
         stream_interval: int = 16,
         policy_version: int = 0,
         transport: httpx.AsyncBaseTransport | None = None,
+        weight_sync: str = "transfer",
     ) -> None:
         self.url = url.rstrip("/")
         self.model_spec = model
@@ -109,6 +118,8 @@ class RemoteEngine:
         self._closed = False
         self._tokenizer: Any = None
         self._images: ImageRequests | None = None
+        host = urlsplit(self.url).hostname or "127.0.0.1"
+        self._link = TransferLink(host) if check_weight_sync(weight_sync) == "transfer" else None
 
     # -- what the rollout layer reads -------------------------------------------------
 
@@ -192,6 +203,8 @@ class RemoteEngine:
             return
         await self.abort()
         self._closed = True
+        if self._link is not None:
+            self._link.close()
         await self._http.close()
 
     async def __aenter__(self) -> RemoteEngine:
@@ -330,38 +343,53 @@ class RemoteEngine:
         """Load new weights (HF names, any float dtype) into the server's live model.
 
         The server is paused with its in-flight requests aborted (theirs end with
-        ``finish_reason="abort"`` and keep their tokens, all from the old weights), reads
-        the weights from a safetensors file in ``/dev/shm`` (``loomrl_load_weights``
-        through ``/collective_rpc``: the server must share this machine's filesystem),
-        clears its prefix cache and resumes. ``policy_version`` becomes ``version``
-        (default: one more). Returns seconds taken.
+        ``finish_reason="abort"`` and keep their tokens, all from the old weights), takes
+        the weights, clears its prefix cache and resumes. ``weight_sync="transfer"``
+        streams them over a connection the server's workers open to this process (any
+        host that can reach this one); ``"file"`` writes a safetensors file the server
+        reads (it must share this machine's ``/dev/shm``). ``policy_version`` becomes
+        ``version`` (default: one more). Returns seconds taken.
         """
-        server = await self.check()
-        if not server.dev_mode:
-            raise RemoteEngineError(
-                f"vLLM server at {self.url} has no RL routes (/pause, /collective_rpc): start "
-                "it with VLLM_SERVER_DEV_MODE=1 (`loomrl serve` does)"
-            )
+        server = require_rl_routes(await self.check(), self.url, weights)
         start = time.perf_counter()
+        new = self._policy_version + 1 if version is None else version
+        if self._link is not None:
+            await self._link.push(self, weights, server.torch_dtype(), new)
+        else:
+            async with self._paused(new):
+                await load_weights(self._http, self.url, weights, server.torch_dtype())
+        return time.perf_counter() - start
+
+    async def open_transfer(self, init_info: dict[str, Any]) -> int:
+        """The server's workers connect to a trainer's transfer (``TransferLink``)."""
+        return await open_transfer(self._http, self.url, init_info)
+
+    async def receive_transfer(self, update_info: dict[str, Any], version: int) -> None:
+        """One sync through the transfer, as ``update_weights`` describes."""
+        async with self._paused(version):
+            await receive_transfer(self._http, update_info)
+
+    @contextlib.asynccontextmanager
+    async def _paused(self, version: int) -> AsyncIterator[None]:
+        """The server paused (in-flight requests aborted, new ones held here) around a
+        load; after one that succeeded, its prefix cache cleared and ``version`` stamped."""
         self._updating = asyncio.Event()
         try:
             pause = {"mode": "abort", "clear_cache": "true"}
             await self._http.request("POST", "/pause", params=pause)
             await self.abort()  # whatever the pause did not end (e.g. still connecting)
             try:
-                await load_weights(self._http, self.url, weights, server.torch_dtype())
+                yield
                 await self.reset_prefix_cache()
-                new = self._policy_version + 1 if version is None else version
                 await self._http.request(
-                    "POST", "/update_weight_version", json_body={"new_version": str(new)}
+                    "POST", "/update_weight_version", json_body={"new_version": str(version)}
                 )
-                self._policy_version = new
+                self._policy_version = version
             finally:
                 await self._http.request("POST", "/resume")
         finally:
             self._updating.set()
             self._updating = None
-        return time.perf_counter() - start
 
     async def reset_prefix_cache(self) -> None:
         """Clear the server's prefix cache (a weight update does; benchmarks compare from empty)."""

@@ -1,9 +1,14 @@
-"""New weights into a remote vLLM server, through a file both sides can read.
+"""New weights into a remote vLLM server: through vLLM's weight-transfer routes, or a file.
 
-``load_weights`` writes a safetensors file under ``/dev/shm`` and asks the server
-(``/collective_rpc`` ``loomrl_load_weights``, the worker extension ``loomrl serve``
-installs) to read it, so the trainer and the server must share that filesystem. Pausing
-the server and stamping the new policy version are ``RemoteEngine.update_weights``'s part.
+``open_transfer`` and ``receive_transfer`` drive the server's side of loomrl's transfer
+(``/init_weight_transfer_engine``, ``/start_weight_update``, ``/update_weights``,
+``/finish_weight_update``; the ``loomrl_tcp`` backend ``loomrl serve`` configures): the
+tensors come over a TCP connection the server's workers open to the trainer, so the two
+may run on different hosts. ``load_weights`` is the file fallback: it writes a
+safetensors file under ``/dev/shm`` and asks the server (``/collective_rpc``
+``loomrl_load_weights``) to read it, so the trainer and the server must share that
+filesystem. Pausing the server and stamping the new policy version are
+``RemoteEngine``'s part.
 """
 
 from __future__ import annotations
@@ -12,12 +17,15 @@ import asyncio
 import os
 import tempfile
 from collections.abc import Mapping
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
+from loomrl.engines.remote_check import ServerModel
 from loomrl.engines.remote_http import HttpSession, RemoteEngineError
 
 if TYPE_CHECKING:
     import torch
+
+TRANSFER_TIMEOUT_S = 3600.0
 
 
 async def load_weights(
@@ -26,14 +34,59 @@ async def load_weights(
     """Write ``weights`` (cast to ``dtype``) to a shared-memory file the server reads."""
     from safetensors.torch import save_file
 
-    from loomrl.engines.vllm import _checkpoint_tensors, _shared_memory_dir
+    from loomrl.engines.vllm_sync import checkpoint_tensors, shared_memory_dir
 
-    with tempfile.TemporaryDirectory(dir=_shared_memory_dir()) as tmp:
+    with tempfile.TemporaryDirectory(dir=shared_memory_dir()) as tmp:
         os.chmod(tmp, 0o755)  # the server may run as another user
         path = os.path.join(tmp, "weights.safetensors")
-        save_file(_checkpoint_tensors(weights, dtype), path)
+        save_file(checkpoint_tensors(weights, dtype), path)
         os.chmod(path, 0o644)
         await _read_on_server(http, url, path)
+
+
+def require_rl_routes(server: ServerModel, url: str, weights: object) -> ServerModel:
+    """``server``, unless it lacks the RL routes a weight update needs or ``weights`` are
+    not the full model's (a LoRA adapter would be read from the server's own disk)."""
+    if not isinstance(weights, Mapping):
+        raise RemoteEngineError(
+            f"vLLM server at {url} takes the full model's weights, not a "
+            f"{type(weights).__name__}: sync LoRA as merged weights (lora.sync = 'merged')"
+        )
+    if not server.dev_mode:
+        raise RemoteEngineError(
+            f"vLLM server at {url} has no RL routes (/pause, /collective_rpc): start "
+            "it with VLLM_SERVER_DEV_MODE=1 (`loomrl serve` does)"
+        )
+    return server
+
+
+async def open_transfer(http: HttpSession, url: str, init_info: dict[str, Any]) -> int:
+    """Have the server's workers connect to the trainer; returns how many there are."""
+    try:
+        await http.request(
+            "POST", "/init_weight_transfer_engine", json_body={"init_info": init_info},
+            timeout=TRANSFER_TIMEOUT_S,
+        )  # fmt: skip
+    except (RemoteEngineError, ValueError) as exc:  # vLLM answers 400 or 500
+        if "weight_transfer_config" in str(exc) or "loomrl_tcp" in str(exc):
+            raise RemoteEngineError(
+                f"vLLM server at {url} has no loomrl weight transfer: start it with "
+                '`loomrl serve` (--weight-transfer-config \'{"backend": "loomrl_tcp"}\'), '
+                'or sync through a shared file with weight_sync = "file"'
+            ) from None
+        raise
+    reply = await http.request("GET", "/get_world_size")
+    return int(reply["world_size"])
+
+
+async def receive_transfer(http: HttpSession, update_info: dict[str, Any]) -> None:
+    """One sync's tensors into the paused server, with the caches the old weights filled
+    (encoder outputs of images, LoRA state) cleared after."""
+    await http.request("POST", "/start_weight_update")
+    body = {"update_info": update_info}
+    await http.request("POST", "/update_weights", json_body=body, timeout=TRANSFER_TIMEOUT_S)
+    await http.request("POST", "/finish_weight_update")
+    await http.request("POST", "/collective_rpc", json_body={"method": "loomrl_reset_caches"})
 
 
 async def _read_on_server(http: HttpSession, url: str, path: str) -> None:

@@ -67,6 +67,7 @@ async def open_engines(
     policy_version: int = 0,
     started: Callable[[], Awaitable[list[Engine]]] | None = None,
     request_timeout_s: float = 600.0,
+    weight_sync: str = "transfer",
     **pool_args: Any,
 ) -> Engine:
     """The run's engine (see the module docstring); remote replicas are checked first and
@@ -85,6 +86,7 @@ async def open_engines(
             remote = RemoteEngine(
                 url, model=model, api_key=os.environ.get(API_KEY_ENV) or None,
                 policy_version=policy_version, timeout_s=request_timeout_s,
+                weight_sync=weight_sync,
             )  # fmt: skip
             opened.append(remote)
             await remote.check()

@@ -120,9 +120,10 @@ class ScriptedEngine:
 
     async def update_weights(self, weights: Any, version: int | None = None) -> float:
         """The weight-sync contract without weights: abort what is in flight, bump the
-        version, record the tensor count in ``weight_updates``; returns 0 seconds."""
+        version, record the tensor count (a LoRA adapter's) in ``weight_updates``;
+        returns 0 seconds."""
         await self.abort()
-        self.weight_updates.append(len(weights))
+        self.weight_updates.append(len(getattr(weights, "tensors", weights)))
         self._policy_version = self._policy_version + 1 if version is None else version
         return 0.0
 

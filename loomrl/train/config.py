@@ -228,6 +228,9 @@ class TrainConfig(BaseModel):
     sync_weights_interval: int = Field(
         1, ge=1, description="push the policy into the engine every k steps"
     )
+    weight_sync: Literal["transfer", "file"] = devices.WEIGHT_SYNC
+    colocate: bool = devices.COLOCATE
+    sleep_level: Literal[1, 2] = devices.SLEEP_LEVEL
     critic: bool | None = Field(
         None,
         description="train a value model for the estimator's values (None: exactly when the "

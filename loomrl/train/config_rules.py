@@ -7,6 +7,7 @@ from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
 from loomrl.config import MAX_EXAMPLES
+from loomrl.engines.replicas import has_remote
 from loomrl.experience.shaping_config import clip_range
 from loomrl.experience.turn_credit import check_turn_credit
 
@@ -55,12 +56,44 @@ def check_knobs(config: TrainConfig) -> None:
                 "into one number: use 'sum' or 'final+sum'"
             )
     check_sharded(config)
+    check_colocate(config)
+    if config.lora is not None and config.lora.sync == "adapter" and has_remote(config.engines):
+        raise ValueError(
+            "lora.sync = 'adapter' loads each adapter into an in-process engine (or a [ray] "
+            "engine actor); a server would read it from its own disk: use lora.sync = "
+            "'merged' with engines"
+        )
     lag = config.sync_weights_interval - 1
     if lag > config.max_staleness:
         raise ValueError(
             f"sync_weights_interval = {config.sync_weights_interval} lets the engine's "
             f"policy lag {lag} steps behind training: max_staleness must be >= {lag}, "
             f"got {config.max_staleness}"
+        )
+
+
+def check_colocate(config: TrainConfig) -> None:
+    """``colocate`` shares one device between the learner and one in-process engine, which
+    sleeps while the learner trains: nothing may generate then, and level 2 drops the
+    engine's weights, so every step must sync new ones."""
+    if not config.colocate:
+        return
+    if config.engines or config.ray is not None:
+        raise ValueError(
+            "colocate = true puts the learner and one in-process engine on one device: "
+            "leave engines empty and [ray] out"
+        )
+    if config.producer != "sync":
+        raise ValueError(
+            "colocate = true needs producer = 'sync': the engine sleeps while the learner "
+            "trains, so nothing can be produced beside it"
+        )
+    if config.learner_world_size != 1:
+        raise ValueError("colocate = true shares one device: learner_world_size must be 1")
+    if config.sleep_level == 2 and config.sync_weights_interval != 1:
+        raise ValueError(
+            "sleep_level = 2 drops the engine's weights while the learner trains: "
+            "sync_weights_interval must be 1 (every wake-up takes new ones)"
         )
 
 

@@ -1,5 +1,6 @@
 """``TrainConfig``'s device fields (where the learner trains, how its steps are cut, how
-many processes share it), defined here so the config module stays one screen per
+many processes share it, how weights reach the engines, whether the engine shares the
+learner's device), defined here so the config module stays one screen per
 concern; ``docs/training.md`` ("Devices") explains each."""
 
 from __future__ import annotations
@@ -24,4 +25,13 @@ MICRO_BATCH_TOKENS: Any = Field(
     "auto",
     description="tokens per forward/backward ('auto': from the learner device's free memory, "
     "loomrl.train.budget)",
+)
+WEIGHT_SYNC: Any = Field(
+    "transfer", description="weights to engines: vLLM's transfer API, or a shared file"
+)
+COLOCATE: Any = Field(
+    False, description="the in-process engine sleeps (vLLM sleep mode) while the learner trains"
+)
+SLEEP_LEVEL: Any = Field(
+    1, description="colocate's vLLM sleep level: 1 keeps the weights on the host, 2 drops them"
 )

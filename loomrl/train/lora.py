@@ -8,7 +8,8 @@ things differ from full fine-tuning, all here:
   ``disable_adapter`` context, ``adapters_off``); no second copy of the weights is loaded.
 - **weight sync**: the engine gets plain HF-named merged weights ``W + ΔW``, computed on the
   fly (``merged_state_dict``) without touching the trained model, so vLLM needs no LoRA
-  support and serves at full speed.
+  support and serves at full speed; or, with ``sync = "adapter"``, the adapter alone
+  (``adapter_of``), which the engine loads as a vLLM LoRA adapter.
 - **checkpoints** hold the adapter (``adapter/``: peft's ``adapter_config.json`` and
   ``adapter_model.safetensors``, plus the tokenizer), not the model: a few MB instead of
   hundreds. Serve one as adapter + base (peft's ``PeftModel.from_pretrained``, or vLLM's
@@ -23,11 +24,13 @@ import json
 import sys
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import torch
 from pydantic import BaseModel, ConfigDict, Field
 from torch import Tensor
+
+from loomrl.engines.lora_adapter import Adapter
 
 ALL_LINEAR = "all-linear"
 
@@ -47,6 +50,11 @@ class LoraConfig(BaseModel):
         min_length=1,
         description="names of the linear modules to adapt (e.g. q_proj, v_proj), or "
         "'all-linear' (every linear layer but the output head)",
+    )
+    sync: Literal["merged", "adapter"] = Field(
+        "merged",
+        description="what a weight sync sends: the merged weights (vLLM decodes at full "
+        "speed) or the adapter (a vLLM LoRA adapter: a far cheaper sync, slower decoding)",
     )
 
 
@@ -153,6 +161,19 @@ def merged_state_dict(model: torch.nn.Module) -> dict[str, Tensor]:
         key = key.replace(".base_layer.", ".")
         merged[key] = value + deltas[key].to(value.dtype) if key in deltas else value
     return merged
+
+
+def adapter_of(model: torch.nn.Module) -> Adapter:
+    """The peft model's adapter as a sync sends it: its config and host copies of its
+    tensors under the names peft saves them with (what vLLM's LoRA loader reads)."""
+    from peft import get_peft_model_state_dict
+
+    config = model.peft_config["default"].to_dict()  # type: ignore[operator, index]
+    tensors = get_peft_model_state_dict(model)
+    return Adapter(
+        json.loads(json.dumps(config, default=sorted)),  # sets (target_modules) as lists
+        {k: v.detach().to("cpu", copy=True).contiguous() for k, v in tensors.items()},
+    )
 
 
 def sync_weights(model: torch.nn.Module) -> dict[str, Tensor]:

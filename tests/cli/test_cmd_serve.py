@@ -98,7 +98,8 @@ def test_a_server_that_fails_is_one_line(cli, monkeypatch):
      (["--gpu-memory-utilization", "1.5"], "--gpu-memory-utilization 1.5: must be in (0, 1]"),
      (["--vllm-args", "--max-num-batched-tokenz 8192"], "vLLM says: unrecognized arguments"),
      (["--vllm-args", "--logprobs-mode raw_logits"], "--vllm-args --logprobs-mode: loomrl sets"),
-     (["--vllm-args=--port=9"], "--vllm-args --port: loomrl sets it")],
+     (["--vllm-args=--port=9"], "--vllm-args --port: loomrl sets it"),
+     (["--vllm-args", "--weight-transfer-config {}"], "--weight-transfer-config: loomrl sets")],
 )  # fmt: skip
 def test_bad_gpu_flags_are_one_line_before_any_server(cli, argv, message):
     result = cli("serve", "--model", "tiny-random", *argv)
@@ -119,3 +120,12 @@ def test_gpu_flags_reach_vllms_command_line(monkeypatch):
     assert "--enforce-eager" not in engine_serve.server_command("tiny-random")
     monkeypatch.setattr(engine_serve, "_on_cpu", lambda: True)
     assert "--enforce-eager" in engine_serve.server_command("tiny-random")
+
+
+def test_the_server_takes_loomrls_weight_transfer_and_the_dtype_asked_for(monkeypatch):
+    import json
+
+    command = engine_serve.server_command("tiny-random", dtype="float32")
+    config = command[command.index("--weight-transfer-config") + 1]
+    assert json.loads(config) == {"backend": "loomrl_tcp"}
+    assert command[command.index("--dtype") + 1] == "float32"

@@ -46,11 +46,11 @@ checkpoint_every = 2
 class ServeCommand:
     """``loomrl serve`` in a session of its own, once it printed its URL."""
 
-    def __init__(self) -> None:
+    def __init__(self, *extra: str) -> None:
         self.port = free_port()
         argv = [sys.executable, "-m", "loomrl.cli", "serve", "--model", "tiny-random",
                 "--port", str(self.port), "--kv-cache-gib", "1", "--max-len", str(MAX_LEN),
-                "--max-num-seqs", "16"]  # fmt: skip
+                "--max-num-seqs", "16", *extra]  # fmt: skip
         self.process = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                                         text=True, start_new_session=True)  # fmt: skip
         self.pid = self.process.pid

@@ -90,3 +90,17 @@ async def test_a_sync_aborts_requests_in_flight_and_keeps_their_old_version(engi
     out = await task
     assert out.finish_reason == "abort" and out.policy_version == old
     assert engine.policy_version == old + 1 and engine.in_flight == 0
+
+
+async def test_a_colocated_step_sleeps_wakes_and_syncs_on_a_real_engine(engine):
+    """vLLM's sleep mode as ``colocate`` drives it (a CPU's workers ignore sleep): the
+    calls go through in order and the engine serves the synced weights after."""
+    model = learner_model(seed=4)
+    await engine.sleep(1)
+    await engine.wake_up(["weights"])
+    await engine.update_weights(model.state_dict(), version=11)
+    await engine.wake_up(["kv_cache"])
+    out = await engine.generate(SEQUENCE[:4], SamplingParams(max_tokens=4, temperature=1.0))
+    assert out.policy_version == 11 and len(out.token_ids) == 4
+    after = torch.tensor(await engine.score(SEQUENCE))
+    assert (after - learner_logprobs(model)).abs().mean() < 0.05

@@ -292,7 +292,7 @@ async def test_health():
 
 async def test_update_weights_pauses_loads_from_shared_memory_and_resumes():
     server = FakeServer()
-    async with engine_for(server) as engine:
+    async with engine_for(server, weight_sync="file") as engine:
         seconds = await engine.update_weights({"w": torch.ones(3)})
         assert engine.policy_version == 1 and seconds > 0
         await engine.update_weights({"w": torch.ones(3)}, version=9)

@@ -14,6 +14,7 @@ from test_learner import BUILDS, adv_rows, make_trajs
 from transformers import AutoModelForCausalLM
 
 from loomrl.engines import ScriptedEngine
+from loomrl.engines.lora_adapter import Adapter
 from loomrl.experience import compute_logprobs
 from loomrl.models import resolve
 from loomrl.run.resume import resume_config
@@ -120,7 +121,12 @@ class RecordingEngine(ScriptedEngine):
         self.synced: list[tuple[int | None, dict[str, torch.Tensor]]] = []
 
     async def update_weights(self, weights, version=None):
-        self.synced.append((version, {k: v.detach().clone() for k, v in weights.items()}))
+        kept = (
+            weights
+            if isinstance(weights, Adapter)
+            else {k: v.detach().clone() for k, v in weights.items()}
+        )  # fmt: skip  (an adapter's tensors are copies already)
+        self.synced.append((version, kept))
         return await super().update_weights(weights, version)
 
 
