@@ -64,9 +64,9 @@ def started(count: int):
     assert not alive
 
 
-async def sharpen(url: str) -> torch.Tensor:
+async def sharpen(url: str, weight_sync: str = "transfer") -> torch.Tensor:
     """Give the server other weights than the base model's; its scores with them."""
-    async with RemoteEngine(url, model="tiny-random") as engine:
+    async with RemoteEngine(url, model="tiny-random", weight_sync=weight_sync) as engine:
         await engine.update_weights(learner_model(seed=1).state_dict())
         return torch.tensor(await engine.score(SEQUENCE))
 
@@ -114,14 +114,16 @@ class WeightFileWatch:
 def test_train_and_serve_as_two_processes_sync_with_no_weight_file(tmp_path):
     tmp = tmp_path / "tmp"
     tmp.mkdir()
+    shm = [Path("/dev/shm")] if Path("/dev/shm").is_dir() else []
     with started(1) as (server,):
-        before = asyncio.run(sharpen(server.url))
+        with WeightFileWatch(tmp, *shm) as control:  # the watch sees the file fallback's file
+            before = asyncio.run(sharpen(server.url, weight_sync="file"))
+        assert control.seen or not shm
         config = tmp_path / "train.toml"
         config.write_text(TRAIN)
         run = tmp_path / "run"
         cmd = [sys.executable, "-m", "loomrl.cli", "train", str(config), "--model", server.url,
                "--out", str(run)]  # fmt: skip
-        shm = [Path("/dev/shm")] if Path("/dev/shm").is_dir() else []
         with WeightFileWatch(tmp, *shm) as watch:
             done = run_session(cmd, timeout=600, env={**os.environ, "TMPDIR": str(tmp)})
         assert done.returncode == 0, done.stderr[-3000:]
@@ -136,7 +138,7 @@ def test_train_and_serve_as_two_processes_sync_with_no_weight_file(tmp_path):
     expected = learner_logprobs(learner)
     assert (after - expected).abs().max() <= TOLERANCE, (after, expected)
     assert (after - before).abs().max() > 1.0  # the sharpened weights are gone
-    assert taken == 1 + 4  # the sharpening, the run's first sync and one per step
+    assert taken == 4  # the run's first sync and one per step (the sharpening was a file)
     assert not watch.seen, watch.seen  # no weight file in TMPDIR or /dev/shm
     written = {p.relative_to(run).parts[0] for p in run.rglob("*.safetensors")}
     assert written == {"checkpoints"}  # the run's own checkpoint is its only weight file
