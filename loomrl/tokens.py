@@ -10,7 +10,9 @@ measure that drift.
 The glue between two model turns (close the assistant turn, render the environment's
 messages, open the next generation prompt) is not hand-written per template: it is cut out
 of a rendering of ``[user, assistant(PROBE), *env_messages]`` right after the probe, so any
-template yields it, and a template that cannot be cut that way fails loudly.
+template yields it, and a template that cannot be cut that way fails loudly. After a turn
+with tool calls the probe assistant carries the turn's ``tool_calls``, for templates that
+render calls, and tool results by their call id, from structure (``loomrl.token_probe``).
 
 How a model turn ends: marker tokens that the model emitted at the end of its turn and
 that the glue starts with count as already emitted. They stay once, as the model's own
@@ -18,7 +20,8 @@ tokens (mask 1, with their logprobs), are skipped from the glue, and are not par
 assistant message's text. ``turn_end`` finds them; one rule covers two template families:
 
 - ChatML-like templates close an assistant turn with a marker (``<|im_end|>``) that the
-  glue starts with; a turn cut by max_tokens or a stop string gets the whole closing.
+  glue starts with; a turn cut by max_tokens or a stop string gets the whole closing. A
+  turn with tool calls may close with a marker of its own (gpt-oss: ``<|call|>``).
 - GLM-4.5-like templates render nothing after assistant content: the model ends its turn
   by emitting the next role marker (``<|user|>``, ``<|observation|>``: its stop tokens),
   found by probing the glue of a ``user`` and of a ``tool`` reply. Such a template warns
@@ -38,25 +41,22 @@ from typing import TYPE_CHECKING, Any
 
 from loomrl.codec import fast_decoder, fast_encoder
 from loomrl.lru import CacheStats, LRUCache, freeze
+from loomrl.token_probe import (
+    TemplateError,
+    TemplateWarning,
+    call_turn_end,
+    derive_glue,
+    leading_markers,
+    no_closing_warning,
+    probe_calls,
+    probe_tail,
+    reply_markers,
+)
 
 if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerBase
 
 __all__ = ["ChatTokenizer", "TemplateError", "TemplateWarning"]
-
-# Marker contents: plain ASCII that tokenizes the same anywhere and never occurs in templates.
-PROBE = "LoomrlProbe7d1e"
-CONTEXT_PROBE = "LoomrlContext3b9a"
-# The roles an environment answers with, probed for the markers that open their glue.
-REPLY_ROLES = ("user", "tool")
-
-
-class TemplateError(ValueError):
-    """A chat template (or tokenizer) that the probe cannot cut into exact token pieces."""
-
-
-class TemplateWarning(UserWarning):
-    """A chat template that works only if the engine is set up for it (e.g. its stops)."""
 
 
 def _check_text(messages: Sequence[Mapping[str, Any]], *, images: bool = False) -> None:
@@ -97,9 +97,11 @@ def _text_or_image(part: Any) -> bool:
     return (kind == "text" and type(part.get("text")) is str) or kind in ("image", "image_url")
 
 
-def _key(messages: Sequence[Mapping[str, Any]], tools: Sequence[Any] | None) -> Hashable:
+def _key(
+    messages: Sequence[Mapping[str, Any]], tools: Sequence[Any] | None, calls: Any = None
+) -> Hashable:
     """Cache key of a rendering request."""
-    return (freeze(messages), None if tools is None else freeze(tools))
+    return (freeze(messages), None if tools is None else freeze(tools), freeze(calls))
 
 
 class ChatTokenizer:
@@ -140,23 +142,27 @@ class ChatTokenizer:
         self.template_kwargs = dict(template_kwargs or {})
         self._prompts: LRUCache[Hashable, tuple[int, ...]] = LRUCache(cache_size)
         self._glues: LRUCache[Hashable, tuple[int, ...]] = LRUCache(cache_size)
-        self._marker_ids = frozenset(tokenizer.all_special_ids) | frozenset(
+        #: The special (marker) tokens: what the probes treat as a turn's markers.
+        self.marker_ids = frozenset(tokenizer.all_special_ids) | frozenset(
             getattr(tokenizer, "added_tokens_decoder", {})
         )
-        closing = self._probe_tail([], add_generation_prompt=False, what="a final assistant turn")
+        closing = probe_tail(self, [], add_generation_prompt=False, what="a final assistant turn")
         # What the template puts after an assistant turn's content (ChatML: "<|im_end|>\n").
         self.closing_ids: tuple[int, ...] = closing
         # The special tokens that open closing_ids: what a model emits to end its turn. Empty
         # for a template that closes turns with plain text or not at all; then the glue
         # always closes the turn, or the model ends it with the next role marker.
-        self.end_of_turn_ids: tuple[int, ...] = self._leading_markers(closing)
+        self.end_of_turn_ids: tuple[int, ...] = leading_markers(self, closing)
         # The marker tokens that open the glue for each of REPLY_ROLES (GLM-4.5:
         # "<|user|>", "<|observation|>"; ChatML: the end-of-turn token again).
-        self.reply_marker_ids: tuple[tuple[int, ...], ...] = self._probe_reply_markers()
-        ends = {self.end_of_turn_ids, *self.reply_marker_ids} - {()}
+        self.reply_marker_ids: tuple[tuple[int, ...], ...] = reply_markers(self)
+        # The markers a turn with tool calls ends with, when they are not end_of_turn_ids
+        # (gpt-oss: "<|call|>", where a final turn ends with "<|return|>").
+        self.call_end_ids: tuple[int, ...] = call_turn_end(self)
+        ends = {self.end_of_turn_ids, self.call_end_ids, *self.reply_marker_ids} - {()}
         self._turn_ends = tuple(sorted(ends, key=len, reverse=True))  # longest match wins
         if not closing:
-            self._warn_no_closing()
+            warnings.warn(no_closing_warning(self), TemplateWarning, stacklevel=2)
 
     @classmethod
     def from_model(cls, spec: str | None = None, **kwargs: Any) -> ChatTokenizer:
@@ -188,21 +194,26 @@ class ChatTokenizer:
         ended_with_eot: bool = False,
         turn_end: Sequence[int] = (),
         tools: Sequence[Any] | None = None,
+        calls: Sequence[Mapping[str, Any]] | None = None,
     ) -> list[int]:
         """Ids to append after a model turn, up to and including the next generation prompt.
 
         ``turn_end`` are the marker ids the model's turn ended with (``turn_end(ids)``);
         ``ended_with_eot=True`` is short for ``turn_end=end_of_turn_ids``. The glue is the
-        closing of the assistant turn (all of ``closing_ids`` when the turn was cut by
-        max_tokens or a stop string), then ``env_messages`` rendered, then the next
-        generation prompt, without its first ids when they are the ``turn_end`` the model
-        emitted itself (see the module docstring). Every glue token is mask 0. LRU-cached.
+        closing of the assistant turn (all of it when the turn was cut by max_tokens or a
+        stop string), then ``env_messages`` rendered, then the next generation prompt,
+        without its first ids when they are the ``turn_end`` the model emitted itself (see
+        the module docstring). ``calls`` are the turn's ``tool_calls``: templates that
+        render calls from structure (and tool results by their call) see them; the glue
+        never holds the template's spelling of them (``loomrl.token_probe``). Every glue
+        token is mask 0. LRU-cached.
         """
         env_messages = self._placeholders(env_messages)
-        key = _key(env_messages, tools)
+        probed = probe_calls(calls) if calls else None
+        key = _key(env_messages, tools, probed)
         ids = self._glues.get(key)
         if ids is None:
-            ids = self._derive_glue(env_messages, tools)
+            ids = derive_glue(self, env_messages, tools, probed)
             self._glues.put(key, ids)
         end = self.end_of_turn_ids if ended_with_eot else tuple(turn_end)
         skip = len(end) if end and ids[: len(end)] == end else 0
@@ -214,9 +225,10 @@ class ChatTokenizer:
         return n > 0 and tuple(token_ids[-n:]) == self.end_of_turn_ids
 
     def turn_end(self, token_ids: Sequence[int]) -> tuple[int, ...]:
-        """The marker ids a model turn ended with: its end-of-turn tokens or the marker
-        that opens a reply role's glue (longest match); ``()`` when it ended otherwise.
-        They are the model's own tokens but not its message's text."""
+        """The marker ids a model turn ended with: its end-of-turn tokens, those that end a
+        turn with tool calls, or the marker that opens a reply role's glue (longest match);
+        ``()`` when it ended otherwise. They are the model's own tokens but not its
+        message's text."""
         for end in self._turn_ends:
             if tuple(token_ids[-len(end) :]) == end:
                 return end
@@ -285,101 +297,3 @@ class ChatTokenizer:
     def clear_caches(self) -> None:
         self._prompts.clear()
         self._glues.clear()
-
-    # -- probing ------------------------------------------------------------------------
-
-    def _leading_markers(self, ids: Sequence[int]) -> tuple[int, ...]:
-        """The run of special (marker) tokens that ``ids`` start with."""
-        run = []
-        for token in ids:
-            if token not in self._marker_ids:
-                break
-            run.append(token)
-        return tuple(run)
-
-    def _probe_reply_markers(self) -> tuple[tuple[int, ...], ...]:
-        """The leading markers of the glue for one message of each of REPLY_ROLES; a role
-        the template refuses to render is left out (its glue fails when it is needed)."""
-        found: list[tuple[int, ...]] = []
-        for role in REPLY_ROLES:
-            try:
-                glue = self._derive_glue([{"role": role, "content": CONTEXT_PROBE}], None)
-            except TemplateError:
-                continue
-            markers = self._leading_markers(glue)
-            if markers and markers not in found:
-                found.append(markers)
-        return tuple(found)
-
-    def _warn_no_closing(self) -> None:
-        """Warn that a template with no closing needs the engine to stop on role markers."""
-        markers = [self.decode(m) for m in self.reply_marker_ids]
-        if markers:
-            how = (
-                f"by emitting the next role marker ({' or '.join(map(repr, markers))}); "
-                "include those markers in the engine's stop tokens (the model's eos ids or "
-                "SamplingParams.stop_token_ids), or turns run to max_tokens"
-            )
-        else:
-            how = (
-                "but the messages that follow it open with no marker token, so a turn can "
-                "only end by a stop string or max_tokens"
-            )
-        warnings.warn(
-            "chat template renders nothing after an assistant turn's content (no "
-            f"end-of-turn token): the model must end each turn {how}",
-            TemplateWarning,
-            stacklevel=3,
-        )
-
-    def _derive_glue(
-        self, env_messages: Sequence[Mapping[str, Any]], tools: Sequence[Any] | None
-    ) -> tuple[int, ...]:
-        roles = [m.get("role") for m in env_messages]
-        ids = self._probe_tail(
-            env_messages, add_generation_prompt=True, tools=tools, what=f"glue for roles {roles}"
-        )
-        eot = self.end_of_turn_ids
-        if ids[: len(eot)] != eot:
-            raise TemplateError(
-                f"chat template problem: an assistant turn followed by roles {roles} is not "
-                f"closed by the end-of-turn token(s) {self.decode(eot)!r} that close a final "
-                f"assistant turn; the template renders {self.decode(ids[:8])!r} after it, so "
-                "the glue after an end-of-turn-ended model turn would be wrong"
-            )
-        return ids
-
-    def _probe_tail(
-        self,
-        after: Sequence[Mapping[str, Any]],
-        *,
-        add_generation_prompt: bool,
-        what: str,
-        tools: Sequence[Any] | None = None,
-    ) -> tuple[int, ...]:
-        """Ids of whatever the template renders after a probe assistant turn's content."""
-        messages = [
-            {"role": "user", "content": CONTEXT_PROBE},
-            {"role": "assistant", "content": PROBE},
-            *after,
-        ]
-        text = self.render(messages, tools, add_generation_prompt=add_generation_prompt)
-        count = text.count(PROBE)
-        if count != 1:
-            fault = "drops or rewrites it" if count == 0 else "repeats it"
-            raise TemplateError(
-                f"chat template problem ({what}): the probe assistant content {PROBE!r} "
-                f"appears {count} times in the rendering, expected exactly once; the "
-                f"template {fault}, so the end of an assistant turn cannot be located. "
-                f"Rendering: {text[:300]!r}"
-            )
-        cut = text.index(PROBE) + len(PROBE)
-        head, tail = text[:cut], text[cut:]
-        head_ids, tail_ids = self.encode(head), self.encode(tail)
-        if head_ids + tail_ids != self.encode(text):
-            raise TemplateError(
-                f"chat template problem ({what}): the tokenizer merges text across the end "
-                f"of assistant content: {tail[:40]!r} tokenizes differently alone than right "
-                "after the content, so glue ids would not match what the template renders"
-            )
-        return tuple(tail_ids)

@@ -3,7 +3,7 @@ tests (the ``check_contract`` fixture in tests/conftest.py wraps ``check_contrac
 
 from __future__ import annotations
 
-from collections.abc import Collection, Sequence
+from collections.abc import Callable, Collection, Sequence
 from dataclasses import replace
 from typing import Any
 
@@ -58,13 +58,21 @@ def canonical_turns(
     return out + list(ids[pos:])
 
 
+View = Callable[[list[dict[str, Any]]], list[dict[str, Any]]]
+
+
 def check_contract(
-    tokenizer: Any, chat: ChatTokenizer, traj: Trajectory, stop_ids: Collection[int] = ()
+    tokenizer: Any,
+    chat: ChatTokenizer,
+    traj: Trajectory,
+    stop_ids: Collection[int] = (),
+    view: View | None = None,
+    tools: list[dict[str, Any]] | None = None,
 ) -> None:
     """Assert the contract of every segment of one finished trajectory: a forked
     episode's earlier segments (``traj.segments``) and its last, each on its own."""
     for segment in segments_of(traj):
-        check_segment(tokenizer, chat, segment, stop_ids)
+        check_segment(tokenizer, chat, segment, stop_ids, view, tools)
 
 
 def segments_of(traj: Trajectory) -> list[Trajectory]:
@@ -78,7 +86,12 @@ def segments_of(traj: Trajectory) -> list[Trajectory]:
 
 
 def check_segment(
-    tokenizer: Any, chat: ChatTokenizer, traj: Trajectory, stop_ids: Collection[int] = ()
+    tokenizer: Any,
+    chat: ChatTokenizer,
+    traj: Trajectory,
+    stop_ids: Collection[int] = (),
+    view: View | None = None,
+    tools: list[dict[str, Any]] | None = None,
 ) -> None:
     """Assert the contract of one finished trajectory (any status but error/timeout):
     aligned lists, logprobs, one mask run per turn (its pieces contiguous), each turn
@@ -86,7 +99,10 @@ def check_segment(
     turns compared in the canonical encoding of their text: see ``canonical_turns``).
 
     ``stop_ids`` are the tokens that end a model turn (default: the tokenizer's EOS); a
-    turn that ends with one has it in its ids but not in its message's text."""
+    turn that ends with one has it in its ids but not in its message's text. ``view``
+    gives the messages as the template re-renders them (``loomrl.parsers.
+    template_messages`` for templates that render tool calls from structure); ``tools``
+    the schemas the episode gave the template (``EnvState.tools``)."""
     stops = set(stop_ids) or {tokenizer.eos_token_id}
     ids, lps, mask = traj.completion_ids, traj.logprobs, traj.loss_mask
     assert len(ids) == len(lps) == len(mask)
@@ -115,7 +131,8 @@ def check_segment(
     # having matched their text above, its turns are compared in their canonical encoding,
     # and everything else (prompt, the env's glue, closings) token by token.
     full = traj.prompt_ids + canonical_turns(tokenizer, ids, turns, stops)
-    result = verify(chat, traj.messages, full)
+    messages = traj.messages if view is None else view(traj.messages)
+    result = verify(chat, messages, full, tools)
     assert result.ok, result.message
     # A template with no closing renders nothing after the last turn's content, so the
     # stop token that ended it runs past the rendering.
@@ -125,7 +142,7 @@ def check_segment(
     # Text level, straight from the template: decoded ids are a prefix of it, and at
     # most the closing of the last assistant turn is left over (image blocks read as the
     # template's one placeholder each).
-    rendered = chat.render(traj.messages, add_generation_prompt=False)
+    rendered = chat.render(messages, tools, add_generation_prompt=False)
     sampled = collapse(traj.prompt_ids + ids, chat)
     decoded = tokenizer.decode(sampled[: len(sampled) - ended_by], skip_special_tokens=False)
     assert rendered.startswith(decoded)

@@ -36,7 +36,7 @@ LAYERS: dict[str, int] = {
         1,
     ),
     "models": 2,
-    **dict.fromkeys(["tokens", "token_check", "vision"], 3),
+    **dict.fromkeys(["tokens", "token_probe", "token_check", "vision"], 3),
     "engines": 4,
     **dict.fromkeys(["data", "sandbox", "parsers", "answers", "runs"], 5),
     "rewards": 6,

@@ -50,8 +50,8 @@ class CalculatorEnv(ToolEnv):
         return make_dataset(n, seed, one)
 
     def score(self, state: EnvState) -> float:
-        replies = state.assistant_messages()
-        if not replies or self.parse(replies[-1]):
+        final = self.final_answer(state)
+        if final is None:
             return 0.0  # no final answer: the episode ended on a tool call (truncated)
-        answer = extract_answer(replies[-1])
+        answer = extract_answer(final)
         return float(same_number(answer.value, state.example["answer"]))

@@ -113,10 +113,10 @@ class McpToolEnv(ToolEnv):
         )
 
     def score(self, state: EnvState) -> float:
-        replies = state.assistant_messages()
-        if not replies or self.parse(replies[-1]):
+        final = self.final_answer(state)
+        if final is None:
             return 0.0  # no final answer: the episode ended on a tool call
-        return float(same_number(extract_answer(replies[-1]).value, state.example["answer"]))
+        return float(same_number(extract_answer(final).value, state.example["answer"]))
 
     async def session_for(self, state: EnvState) -> McpSession:
         """The session this episode's calls go to, started on first use."""

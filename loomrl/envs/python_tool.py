@@ -155,8 +155,7 @@ class PythonToolEnv(ToolEnv):
             episode.session.close()
 
     def score(self, state: EnvState) -> Score:
-        replies = state.assistant_messages()
-        final = replies[-1] if replies and not self.parse(replies[-1]) else None
+        final = self.final_answer(state)
         correct = 0.0
         if final is not None:
             correct = float(same_number(extract_answer(final).value, state.example["answer"]))

@@ -2,12 +2,20 @@
 
 Each assistant turn is parsed for tool calls. Calls are checked against the schema of
 the function (from its signature and docstring), run concurrently (sync tools in
-worker threads, each under its timeout) and answered with ``{"role": "tool", "name":
-..., "content": ...}`` messages, in call order. Anything wrong — a malformed call, an
-unknown tool, bad arguments, an exception inside the tool, a timeout — comes back as an
-``Error: ...`` tool message, never as a crash, so the model can learn from it; each is
-counted by kind in the step's ``info["metrics"]`` (``tool_errors/<kind>``). A turn
-without a tool call is the final answer and ends the episode.
+worker threads, each under its timeout) and answered with ``{"role": "tool",
+"tool_call_id": ..., "name": ..., "content": ...}`` messages, in call order. Anything
+wrong — a malformed call, an unknown tool, bad arguments, an exception inside the tool,
+a timeout — comes back as an ``Error: ...`` tool message, never as a crash, so the model
+can learn from it; each is counted by kind in the step's ``info["metrics"]``
+(``tool_errors/<kind>``). A turn without a tool call is the final answer and ends the
+episode.
+
+The assistant message keeps the model's exact text as its ``content`` and gains the
+well-formed calls as ``tool_calls`` (OpenAI's shape, arguments decoded), each with an id
+in its format's form (``loomrl.parsers.call_id``; Mistral's own when the model wrote one);
+each tool message answers its call's id. A malformed call stays text only: its error
+message answers an id of its own that no call holds. Chat templates that render calls
+and tool results from structure (Mistral, gpt-oss, ...) need this to render the glue.
 
 A tool sees its episode when it has a parameter named ``state`` (the ``EnvState``; left
 out of the schema the model sees): it may keep per-episode data in ``state.data``, and
@@ -27,7 +35,7 @@ from typing import Any
 from loomrl import parsers
 from loomrl.envs.base import Environment, EnvState, EnvStep, Message, call
 from loomrl.envs.schema import function_schema, validate_arguments
-from loomrl.parsers import ParsedCall, ToolCallError
+from loomrl.parsers import ParsedCall, ToolCall, ToolCallError, call_id, read_reply, tool_call
 
 #: The parameter name through which a tool receives its episode's ``EnvState``.
 STATE_PARAMETER = "state"
@@ -125,9 +133,14 @@ class ToolEnv(Environment):
         if not attempts:  # the final answer; its zeros keep the per-episode means honest
             counts = {"tool_calls": 0, "tool_errors": 0}
             return EnvStep(messages=[], done=True, info={**counts, "metrics": counts})
+        ids = self.call_ids(state, attempts)
+        pairs = zip(attempts, ids, strict=True)
+        calls = [tool_call(a, i) for a, i in pairs if isinstance(a, ToolCall)]
+        if calls:
+            message["tool_calls"] = calls  # the turn read as structure, beside its text
         results = await asyncio.gather(*(self.answer(a, state) for a in attempts))
-        pairs = zip(attempts, results, strict=True)
-        messages = [_tool_message(a.name, _as_text(r.content)) for a, r in pairs]
+        rows = zip(attempts, ids, results, strict=True)
+        messages = [_tool_message(i, a.name, _as_text(r.content)) for a, i, r in rows]
         counts: dict[str, float] = {"tool_calls": len(attempts), "tool_errors": 0}
         for result in results:
             if result.error is not None:
@@ -142,6 +155,25 @@ class ToolEnv(Environment):
             "metrics": counts,
         }
         return EnvStep(messages=messages, done=False, info=info)
+
+    def call_ids(self, state: EnvState, attempts: Sequence[ParsedCall]) -> list[str]:
+        """One id per call attempt, numbered on from the episode's tool messages so far
+        (the model's own id kept where the format allows: ``loomrl.parsers.call_id``)."""
+        done = sum(1 for m in state.messages if m.get("role") == "tool")
+        return [
+            call_id(self.parser, done + n, a.id if isinstance(a, ToolCall) else None)
+            for n, a in enumerate(attempts, start=1)
+        ]
+
+    def final_answer(self, state: EnvState) -> str | None:
+        """The text of the episode's final answer: the last assistant message when it
+        makes no call attempt, read by the format (gpt-oss: its final channel); None
+        when there is none (the episode ended on a call)."""
+        replies = state.assistant_messages()
+        if not replies:
+            return None
+        reply = read_reply(self.parser, replies[-1], self.schemas)
+        return None if reply.calls else reply.content
 
     def parse(self, text: str) -> list[ParsedCall]:
         """The call attempts in one reply, read by this environment's parser (given the
@@ -187,11 +219,12 @@ class ToolEnv(Environment):
         return result
 
 
-def _tool_message(name: str | None, content: str) -> Message:
-    """A tool-role message; ``name`` is left out when the call was unreadable."""
+def _tool_message(id_: str, name: str | None, content: str) -> Message:
+    """A tool-role message answering call ``id_``; ``name`` is left out when the call was
+    unreadable."""
     if name is None:
-        return {"role": "tool", "content": content}
-    return {"role": "tool", "name": name, "content": content}
+        return {"role": "tool", "tool_call_id": id_, "content": content}
+    return {"role": "tool", "tool_call_id": id_, "name": name, "content": content}
 
 
 def _parameters(fn: Callable[..., Any]) -> Mapping[str, inspect.Parameter]:

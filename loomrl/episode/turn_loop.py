@@ -292,7 +292,8 @@ def _take_reply(
         if ctx.chat.takes_images:
             episode.images = _images(traj, state.messages)
     else:
-        fitted = _fit_replies(ctx, traj, step.messages, turn_end, state.tools)
+        calls = state.messages[episode.encoded - 1].get("tool_calls")  # the env's reading
+        fitted = _fit_replies(ctx, traj, step.messages, turn_end, state.tools, calls)
         if fitted is None:
             state.messages.extend(step.messages)  # scoring still sees what the env said
             traj.status = Status.TRUNCATED  # no glue past the budget: nothing could follow it
@@ -336,13 +337,15 @@ def _fit_replies(
     messages: list[dict[str, Any]],
     turn_end: tuple[int, ...],
     tools: list[dict[str, Any]] | None,
+    calls: list[dict[str, Any]] | None,
 ) -> tuple[list[dict[str, Any]], list[int]] | None:
-    """The env's messages within the observation budgets, and their glue; None when even
-    cut they leave no room to generate (see ``loomrl.episode.observations``)."""
+    """The env's messages within the observation budgets, and their glue (after a turn
+    with ``calls``); None when even cut they leave no room to generate (see
+    ``loomrl.episode.observations``)."""
     chat = ctx.chat
 
     def glue_of(replies: Sequence[dict[str, Any]]) -> list[int]:
-        return chat.glue_ids(list(replies), turn_end=turn_end, tools=tools)
+        return chat.glue_ids(list(replies), turn_end=turn_end, tools=tools, calls=calls)
 
     replies, cut = cap_messages(chat, messages, ctx.max_obs_tokens)
     room = ctx.max_len - len(traj.prompt_ids) - len(traj.completion_ids)

@@ -1,10 +1,11 @@
 """Tool-call formats: how tools are described to the model and how its calls are read.
 
 A parser is a small protocol registered by name: ``hermes`` (Hermes, Qwen2.5/3),
-``qwen3_coder`` (Qwen3-Coder, Qwen3.5 XML), ``llama3_json`` (Llama 3.1-3.3), ``mistral``
-and ``harmony`` (gpt-oss). ``parse`` never raises on model text: a malformed call becomes
-a ``ToolCallError`` item (with a ``kind`` for metrics), in order with the good calls, so
-the environment can answer it with an error message.
+``qwen3_coder`` (Qwen3-Coder, Qwen3.5 XML), ``llama3_json`` (Llama 3.1-3.3), ``mistral``,
+``harmony`` (gpt-oss), ``glm45`` (GLM-4.5/4.6) and ``deepseek_v3``. ``parse`` never raises
+on model text: a malformed call becomes a ``ToolCallError`` item (with a ``kind`` for
+metrics), in order with the good calls, so the environment can answer it with an error
+message. ``loomrl.parsers.replies`` reads a reply as a structured assistant message.
 """
 
 from __future__ import annotations
@@ -17,11 +18,21 @@ from loomrl.parsers.base import (
     ToolCallParser,
     Tools,
 )
+from loomrl.parsers.deepseek import DeepSeekParser
+from loomrl.parsers.glm import GlmParser
 from loomrl.parsers.harmony import HarmonyParser
 from loomrl.parsers.hermes import HermesParser
 from loomrl.parsers.llama3 import Llama3JsonParser
 from loomrl.parsers.mistral import MistralParser
 from loomrl.parsers.qwen3_coder import Qwen3CoderParser
+from loomrl.parsers.replies import (
+    Reply,
+    call_id,
+    prose,
+    read_reply,
+    template_messages,
+    tool_call,
+)
 
 _PARSERS: dict[str, ToolCallParser] = {}
 
@@ -48,20 +59,30 @@ register("qwen3_coder", Qwen3CoderParser())
 register("llama3_json", Llama3JsonParser())
 register("mistral", MistralParser())
 register("harmony", HarmonyParser())
+register("glm45", GlmParser())
+register("deepseek_v3", DeepSeekParser())
 
 __all__ = [
     "MAX_CALLS",
+    "DeepSeekParser",
+    "GlmParser",
     "HarmonyParser",
     "HermesParser",
     "Llama3JsonParser",
     "MistralParser",
     "ParsedCall",
     "Qwen3CoderParser",
+    "Reply",
     "ToolCall",
     "ToolCallError",
     "ToolCallParser",
     "Tools",
     "available",
+    "call_id",
     "get",
+    "prose",
+    "read_reply",
     "register",
+    "template_messages",
+    "tool_call",
 ]

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Protocol
 
 MAX_CALLS = 64
@@ -18,10 +18,18 @@ MAX_CALLS = 64
 
 @dataclass(frozen=True, slots=True)
 class ToolCall:
-    """One well-formed call: a tool name and its decoded JSON arguments."""
+    """One well-formed call: a tool name and its decoded JSON arguments.
+
+    ``id`` is the call id the model wrote itself (Mistral's formats can carry one), else
+    None; ``span`` is where the call's text lies in the reply (``text[start:end]``), so
+    that the reply's prose can be told from its calls (``loomrl.parsers.replies``). Two
+    calls are equal when their names and arguments are: neither takes part.
+    """
 
     name: str
     arguments: dict[str, Any] = field(default_factory=dict)
+    id: str | None = field(default=None, compare=False)
+    span: tuple[int, int] | None = field(default=None, compare=False)
 
 
 @dataclass(frozen=True, slots=True)
@@ -62,6 +70,12 @@ class ToolCallParser(Protocol):
     def instructions(self, tools: list[dict[str, Any]]) -> str:
         """System-prompt text listing ``tools`` (JSON schemas) and the call format."""
         ...
+
+
+def placed(call: ParsedCall, start: int, end: int) -> ParsedCall:
+    """``call`` with its place in the reply (``ToolCall.span``); an error has none: its
+    text stays the reply's text."""
+    return replace(call, span=(start, end)) if isinstance(call, ToolCall) else call
 
 
 def too_many(max_calls: int, raw: str) -> ToolCallError:

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import re
+from collections.abc import Iterator
 from typing import Any
 
 from loomrl.parsers.base import (
@@ -24,6 +25,7 @@ from loomrl.parsers.base import (
     json_problem,
     too_many,
 )
+from loomrl.parsers.replies import Reply
 
 NAMESPACE = "functions."
 
@@ -44,6 +46,43 @@ class HarmonyParser:
     def parse(self, text: str, *, tools: Tools | None = None) -> list[ParsedCall]:
         """The calls among the reply's messages, in order; ``tools`` is not needed."""
         calls: list[ParsedCall] = []
+        for header, body, at in self._messages(text):
+            recipient = self._RECIPIENT.search(header)
+            if recipient is None:
+                continue
+            name = recipient.group(1)
+            if body is None:
+                error = f"the call to {name} has no <|message|> body"
+                calls.append(ToolCallError(error, text[at:]))
+                break
+            if len(calls) == self.max_calls:
+                calls.append(too_many(self.max_calls, text[at:]))
+                break
+            calls.append(_call(name, body))
+        return calls
+
+    def read(self, text: str, *, tools: Tools | None = None) -> Reply:
+        """The reply as gpt-oss's template takes it: ``content`` the final (or recipient-less
+        commentary) messages' text, ``thinking`` the analysis messages', and the calls. A
+        reply with no ``<|message|>`` at all is plain text: all of it is the content."""
+        content: list[str] = []
+        thinking: list[str] = []
+        messages = 0
+        for header, body, _ in self._messages(text):
+            if body is None:
+                continue
+            messages += 1
+            if self._RECIPIENT.search(header) is None:
+                channel = header.partition("<|channel|>")[2].split(maxsplit=1)
+                (thinking if channel[:1] == ["analysis"] else content).append(body)
+        calls = self.parse(text, tools=tools)
+        if not messages:
+            return Reply(text, calls)
+        return Reply("\n".join(content), calls, "\n".join(thinking) or None)
+
+    def _messages(self, text: str) -> Iterator[tuple[str, str | None, int]]:
+        """``(header, body, where the header starts)`` per message, in one pass over the
+        markers; text left after the last message is a header whose body is None."""
         header_start, body_start = 0, None  # body_start is set while inside a body
         header = ""
         for m in self._MARK.finditer(text):
@@ -55,27 +94,12 @@ class HarmonyParser:
                 continue
             if m.group(1) == "message":
                 continue  # a stray marker inside a body is body text
-            if not self._add(calls, header, text[body_start : m.start()], text, header_start):
-                return calls
+            yield header, text[body_start : m.start()], header_start
             header_start, body_start = m.end(), None
         if body_start is not None:
-            self._add(calls, header, text[body_start:], text, header_start)
-        elif self._RECIPIENT.search(text, header_start):
-            name = self._RECIPIENT.search(text, header_start).group(1)
-            tail = text[header_start:]
-            calls.append(ToolCallError(f"the call to {name} has no <|message|> body", tail))
-        return calls
-
-    def _add(self, calls: list[ParsedCall], header: str, body: str, text: str, at: int) -> bool:
-        """Append the message's call, if it is one; False once ``max_calls`` is passed."""
-        recipient = self._RECIPIENT.search(header)
-        if recipient is None:
-            return True
-        if len(calls) == self.max_calls:
-            calls.append(too_many(self.max_calls, text[at:]))
-            return False
-        calls.append(_call(recipient.group(1), body))
-        return True
+            yield header, text[body_start:], header_start
+        elif header_start < len(text):
+            yield text[header_start:], None, header_start
 
     def instructions(self, tools: list[dict[str, Any]]) -> str:
         """The developer-message tools section gpt-oss was trained on (TypeScript types)."""

@@ -6,7 +6,7 @@ import json
 import re
 from typing import Any
 
-from loomrl.parsers.base import MAX_CALLS, ParsedCall, Tools, decode_call, too_many
+from loomrl.parsers.base import MAX_CALLS, ParsedCall, Tools, decode_call, placed, too_many
 
 
 class HermesParser:
@@ -31,7 +31,7 @@ class HermesParser:
             if len(calls) == self.max_calls:
                 calls.append(too_many(self.max_calls, text[m.start() :]))
                 break
-            calls.append(decode_call(m.group(1).strip()))
+            calls.append(placed(decode_call(m.group(1).strip()), m.start(), m.end()))
         return calls
 
     def instructions(self, tools: list[dict[str, Any]]) -> str:

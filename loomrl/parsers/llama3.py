@@ -14,6 +14,7 @@ from loomrl.parsers.base import (
     call_from_object,
     decode_prefix,
     json_problem,
+    placed,
     too_many,
 )
 
@@ -41,6 +42,7 @@ class Llama3JsonParser:
         elif not text.startswith("{", start):
             return []
         calls: list[ParsedCall] = []
+        begin = 0
         position = self._GAP.match(text, start).end()
         while position < len(text):
             if len(calls) == self.max_calls:
@@ -62,7 +64,9 @@ class Llama3JsonParser:
                 rest = text[position:]
                 calls.append(ToolCallError(f"invalid JSON in tool call: {json_problem(e)}", rest))
                 break
-            calls.append(call_from_object(obj, text[position:end]))
+            # A call's place runs from the end of the one before (the tag, the `;`).
+            calls.append(placed(call_from_object(obj, text[position:end]), begin, end))
+            begin = end
             gap = self._GAP.match(text, end)
             if gap.end() < len(text) and ";" not in gap.group():
                 rest = text[gap.end() :]

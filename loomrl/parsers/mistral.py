@@ -4,19 +4,23 @@ from __future__ import annotations
 
 import json
 import re
+from dataclasses import replace
 from typing import Any
 
 from loomrl.parsers.base import (
     MAX_CALLS,
     ParsedCall,
+    ToolCall,
     ToolCallError,
     Tools,
     call_from_object,
     call_with_arguments,
     decode_prefix,
     json_problem,
+    placed,
     too_many,
 )
+from loomrl.parsers.replies import Reply, prose
 
 TOOL_CALLS = "[TOOL_CALLS]"
 ARGS = "[ARGS]"
@@ -36,6 +40,7 @@ class MistralParser:
     """
 
     _NAME = re.compile(r"[A-Za-z0-9_.:-]+")
+    _ID = re.compile(r"[A-Za-z0-9]{9}")
     max_calls = MAX_CALLS
 
     def parse(self, text: str, *, tools: Tools | None = None) -> list[ParsedCall]:
@@ -44,14 +49,34 @@ class MistralParser:
         start = text.find(TOOL_CALLS)
         while start != -1 and len(calls) <= self.max_calls:
             end = text.find(TOOL_CALLS, start + len(TOOL_CALLS))
-            segment = text[start + len(TOOL_CALLS) : len(text) if end == -1 else end]
-            for call in self._segment(segment.strip()):
+            stop = len(text) if end == -1 else end
+            found = self._segment(text[start + len(TOOL_CALLS) : stop].strip())
+            if all(isinstance(c, ToolCall) for c in found):  # else the segment stays text
+                found = [placed(c, start, stop) for c in found]
+            for call in found:
                 if len(calls) == self.max_calls:
                     calls.append(too_many(self.max_calls, text[start:]))
                     break
                 calls.append(call)
             start = end
         return calls
+
+    def read(self, text: str, *, tools: Tools | None = None) -> Reply:
+        """The calls and the prose around them; a reply without calls loses the one space
+        that Mistral's format puts before an answer (v0.3's template writes it, and a
+        sentencepiece tokenizer decodes it away)."""
+        calls = self.parse(text, tools=tools)
+        content = prose(text, calls)
+        if not any(isinstance(c, ToolCall) for c in calls):
+            content = content.removeprefix(" ")
+        return Reply(content, calls)
+
+    def call_id(self, n: int, given: str | None = None) -> str:
+        """The id of a reply's ``n``-th call (from 1): the one the model wrote when it is
+        what Mistral's templates accept (9 letters or digits), else ``call`` and 5 digits."""
+        if given is not None and self._ID.fullmatch(given):
+            return given
+        return f"call{n % 100_000:05d}"
 
     def _segment(self, segment: str) -> list[ParsedCall]:
         """The calls of the text between two markers."""
@@ -70,7 +95,11 @@ class MistralParser:
         calls: list[ParsedCall] = []
         for item in items[: self.max_calls + 1]:
             raw = json.dumps(item) if isinstance(item, dict) else segment[:end]
-            calls.append(call_from_object(item, raw))
+            call = call_from_object(item, raw)
+            given = item.get("id") if isinstance(item, dict) else None
+            if isinstance(call, ToolCall) and isinstance(given, str):
+                call = replace(call, id=given)  # v0.3 writes ids in its history's calls
+            calls.append(call)
         rest = segment[end:].strip()
         if rest:
             calls.append(
@@ -87,7 +116,8 @@ class MistralParser:
                 segment,
             )
         head = segment[:args_at]
-        name = head.split(CALL_ID, 1)[0].strip()
+        name, _, given = head.partition(CALL_ID)
+        name = name.strip()
         if self._NAME.fullmatch(name) is None:
             return ToolCallError(
                 f"the tool name before [ARGS] is not a name: {name[:40]!r}", segment
@@ -104,7 +134,10 @@ class MistralParser:
             return ToolCallError(
                 f"unexpected text after the arguments of {name}: {rest[:40]!r}", segment, name
             )
-        return call_with_arguments(name, arguments, segment)  # a JSON string is decoded
+        call = call_with_arguments(name, arguments, segment)  # a JSON string is decoded
+        if isinstance(call, ToolCall) and given.strip():
+            call = replace(call, id=given.strip())
+        return call
 
     def instructions(self, tools: list[dict[str, Any]]) -> str:
         """Mistral's parallel-call words, the tools as ``[AVAILABLE_TOOLS]`` JSON."""

@@ -26,6 +26,7 @@ from loomrl.parsers.base import (
     ToolCallError,
     Tools,
     parameter_schemas,
+    placed,
     too_many,
 )
 
@@ -65,7 +66,7 @@ class Qwen3CoderParser:
             if len(calls) == self.max_calls:
                 calls.append(too_many(self.max_calls, text[m.start() :]))
                 break
-            calls.append(self._call(m.group(1), schemas))
+            calls.append(placed(self._call(m.group(1), schemas), m.start(), m.end()))
         return calls
 
     def _call(self, raw: str, schemas: dict[str, dict[str, Any]]) -> ParsedCall:

@@ -44,7 +44,14 @@ async def test_tool_round_trip_then_final_answer():
     state = env.reset(EXAMPLE)
     step = await advance(env, state, "Let me compute.\n" + tool_call("123 * 45 - 6"))
     assert not step.done
-    assert step.messages == [{"role": "tool", "name": "calculate", "content": "5529"}]
+    call = {"name": "calculate", "arguments": {"expression": "123 * 45 - 6"}}
+    assert state.messages[2]["tool_calls"] == [
+        {"id": "call_1", "type": "function", "function": call}
+    ]
+    assert state.messages[2]["content"] == "Let me compute.\n" + tool_call("123 * 45 - 6")
+    assert step.messages == [
+        {"role": "tool", "tool_call_id": "call_1", "name": "calculate", "content": "5529"}
+    ]
     step = await advance(env, state, "The result is 5529.\nAnswer: 5529")
     assert step.done and step.messages == []
     assert [m["role"] for m in state.messages] == [

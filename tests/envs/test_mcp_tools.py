@@ -65,7 +65,9 @@ async def test_calls_answers_and_errors_as_the_model_reads_them():
     state = env.reset(EXAMPLE)
     try:
         step = await env.step(state, call("add", a=2, b=3.5))
-        assert step.messages == [{"role": "tool", "name": "add", "content": "5.5"}]
+        assert step.messages == [
+            {"role": "tool", "tool_call_id": "call_1", "name": "add", "content": "5.5"}
+        ]
         step = await env.step(state, call("sqrt", x=-1))
         assert step.messages[0]["content"] == "Error: Error executing tool sqrt: negative input"
         assert step.info["metrics"]["tool_errors/tool_error"] == 1
@@ -150,4 +152,4 @@ async def test_a_rollout_over_mcp_tools_keeps_the_token_contract(
         assert traj.status == Status.TERMINATED and traj.turns == 2
         assert traj.reward == 1.0 and traj.env_metrics["tool_calls"] == 1
         tool = [m for m in traj.messages if m["role"] == "tool"]
-        assert tool == [{"role": "tool", "name": "add", "content": "5.5"}]
+        assert tool == [{"role": "tool", "tool_call_id": "call_1", "name": "add", "content": "5.5"}]

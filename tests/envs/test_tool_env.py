@@ -82,8 +82,13 @@ async def test_sync_and_async_tools_answer_in_call_order():
     )
     assert not result.done
     assert result.messages == [
-        {"role": "tool", "name": "add", "content": "5"},
-        {"role": "tool", "name": "lookup", "content": '{"key": "k", "found": true}'},
+        {"role": "tool", "tool_call_id": "call_1", "name": "add", "content": "5"},
+        {
+            "role": "tool",
+            "tool_call_id": "call_2",
+            "name": "lookup",
+            "content": '{"key": "k", "found": true}',
+        },
     ]
     assert result.info["tool_calls"] == 2 and result.info["tool_errors"] == 0
     assert result.info["metrics"] == {"tool_calls": 2, "tool_errors": 0}
@@ -108,6 +113,7 @@ async def test_unknown_tool_lists_the_tools():
     assert result.messages == [
         {
             "role": "tool",
+            "tool_call_id": "call_1",
             "name": "multiply",
             "content": "Error: unknown tool 'multiply'; available tools: add, lookup, broken",
         }

@@ -39,7 +39,9 @@ def test_tool_call_error_keeps_its_positional_fields_and_adds_kind():
 
 
 def test_registry_lists_every_format():
-    assert parsers.available() == ["harmony", "hermes", "llama3_json", "mistral", "qwen3_coder"]
+    assert parsers.available() == [
+        "deepseek_v3", "glm45", "harmony", "hermes", "llama3_json", "mistral", "qwen3_coder"
+    ]  # fmt: skip
 
 
 # -- the reading rules of each format --------------------------------------------------------
@@ -89,6 +91,30 @@ GOOD = {
             "<|channel|>analysis<|message|>hmm<|end|><|start|>assistant<|channel|>final<|message|>4",
             [],
         ),
+    ],
+    "glm45": [
+        (
+            "Let me see.\n<tool_call>get_weather\n<arg_key>city</arg_key>\n<arg_value>Paris"
+            "</arg_value>\n<arg_key>days</arg_key>\n<arg_value>3</arg_value>\n</tool_call>",
+            [("get_weather", {"city": "Paris", "days": 3})],
+        ),
+        ("<tool_call>f\n</tool_call><tool_call>g</tool_call>", [("f", {}), ("g", {})]),
+        (  # cut by a stop string; a value typed by the tool's schema
+            '<tool_call>get_weather\n<arg_key>tags</arg_key>\n<arg_value>["a"]</arg_value>',
+            [("get_weather", {"tags": ["a"]})],
+        ),
+        ("No call: <arg_key> is prose.", []),
+    ],
+    "deepseek_v3": [
+        (
+            "<｜tool▁calls▁begin｜><｜tool▁call▁begin｜>function<｜tool▁sep｜>f\n```json\n"
+            '{"x": 1}\n```<｜tool▁call▁end｜>\n<｜tool▁call▁begin｜>function<｜tool▁sep｜>g\n'
+            "```json\n{}\n```<｜tool▁call▁end｜><｜tool▁calls▁end｜>",
+            [("f", {"x": 1}), ("g", {})],
+        ),
+        ('<｜tool▁call▁begin｜>f<｜tool▁sep｜>{"x": 1}<｜tool▁call▁end｜>', [("f", {"x": 1})]),
+        ("<｜tool▁call▁begin｜>function<｜tool▁sep｜>f\n```json\n{}", [("f", {})]),  # cut
+        ("The answer is 4.", []),
     ],
 }
 
@@ -201,6 +227,48 @@ BAD = {
             "f",
         ),
     ],
+    "glm45": [
+        ("<tool_call>\n</tool_call>", "a <tool_call> block must start with the tool name", None),
+        (
+            "<tool_call>f\nhello</tool_call>",
+            "text outside <arg_key>/<arg_value> tags: 'hello' in the call of f",
+            "f",
+        ),
+        (
+            "<tool_call>f\n<arg_key>x\n<arg_value>1</arg_value></tool_call>",
+            "an <arg_key> is not closed with </arg_key> in the call of f",
+            "f",
+        ),
+        (
+            "<tool_call>f\n<arg_key>x</arg_key>\n1</tool_call>",
+            "argument 'x' has no <arg_value> in the call of f",
+            "f",
+        ),
+        (
+            "<tool_call>f\n<arg_key>x</arg_key><arg_value>1</tool_call>",
+            "the value of 'x' is not closed with </arg_value> in the call of f",
+            "f",
+        ),
+        (
+            "<tool_call>f\n<arg_key>x</arg_key><arg_value>1</arg_value>"
+            "<arg_key>x</arg_key><arg_value>2</arg_value></tool_call>",
+            "argument 'x' of f is given twice",
+            "f",
+        ),
+    ],
+    "deepseek_v3": [
+        (
+            "<｜tool▁call▁begin｜>f {}<｜tool▁call▁end｜>",
+            "a DeepSeek call needs <｜tool▁sep｜> after its type or name",
+            None,
+        ),
+        ("<｜tool▁call▁begin｜>function<｜tool▁sep｜>\n{}", "the call has no tool name", None),
+        (
+            "<｜tool▁call▁begin｜>function<｜tool▁sep｜>f\n```json\n{x}\n```",
+            "invalid JSON in the arguments of f: Expecting property name",
+            "f",
+        ),
+    ],
 }
 
 
@@ -271,6 +339,9 @@ ONE_CALL = {
     "llama3_json": '{"name": "f", "parameters": {}};',
     "mistral": "[TOOL_CALLS]f[ARGS]{}",
     "harmony": "<|start|>assistant<|channel|>commentary to=functions.f<|message|>{}<|call|>",
+    "glm45": "<tool_call>f\n</tool_call>",
+    "deepseek_v3": "<｜tool▁call▁begin｜>function<｜tool▁sep｜>f\n```json\n{}\n```"
+    "<｜tool▁call▁end｜>",
 }
 
 
@@ -318,6 +389,16 @@ CALLS = {
         '<|channel|>commentary to=functions.add<|message|>{"a": 2, "b": 3}<|call|>',
         '<|channel|>commentary to=functions.add<|message|>{"a": 2, "b": "x"}<|call|>',
     ),
+    "glm45": (
+        "<tool_call>add\n<arg_key>a</arg_key><arg_value>2</arg_value>"
+        "<arg_key>b</arg_key><arg_value>3</arg_value></tool_call>",
+        "<tool_call>add\n<arg_key>a</arg_key><arg_value>2</arg_value>"
+        "<arg_key>b</arg_key><arg_value>x</arg_value></tool_call>",
+    ),
+    "deepseek_v3": (
+        '<｜tool▁call▁begin｜>add<｜tool▁sep｜>{"a": 2, "b": 3}<｜tool▁call▁end｜>',
+        '<｜tool▁call▁begin｜>add<｜tool▁sep｜>{"a": 2, "b": "x"}<｜tool▁call▁end｜>',
+    ),
 }
 
 
@@ -328,7 +409,12 @@ async def test_tool_env_runs_each_format_and_answers_bad_types_with_an_error(par
     state = env.reset({"id": 0, "question": "2+3?"})
     assert "add" in state.messages[0]["content"]  # the format's own instructions
     result = await advance(env, state, good)
-    assert result.messages == [{"role": "tool", "name": "add", "content": "5"}]
+    (call,) = state.messages[-2]["tool_calls"]  # the turn's call, as structure
+    assert call["function"] == {"name": "add", "arguments": {"a": 2, "b": 3}}
+    assert call["id"] == ("call00001" if parser == "mistral" else "call_1")
+    assert result.messages == [
+        {"role": "tool", "tool_call_id": call["id"], "name": "add", "content": "5"}
+    ]
     result = await advance(env, state, bad)
     (message,) = result.messages
     assert message["content"].startswith("Error: ") and "'b'" in message["content"]

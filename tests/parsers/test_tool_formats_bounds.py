@@ -63,6 +63,16 @@ ADVERSARIAL = {
     "to=": repeat("to="),
     "unclosed body": repeat("{", prefix="<|channel|>commentary to=functions.f<|message|>"),
     "calls": repeat("<|start|>assistant<|channel|>commentary to=functions.f<|message|>{}<|call|>"),
+    "arg_key tags": repeat("<arg_key>", prefix="<tool_call>f\n"),
+    "open arg values": repeat("<arg_key>x</arg_key><arg_value>", prefix="<tool_call>f\n"),
+    "many arg pairs": "<tool_call>f\n"
+    + "".join(f"<arg_key>x{i}</arg_key><arg_value>{i}</arg_value>" for i in range(SIZE // 40)),
+    "deepseek calls": repeat("<｜tool▁call▁begin｜>"),
+    "deepseek seps": repeat("<｜tool▁sep｜>", prefix="<｜tool▁call▁begin｜>"),
+    "deepseek fences": repeat("`", prefix="<｜tool▁call▁begin｜>function<｜tool▁sep｜>f\n"),
+    "deepseek sections": repeat(
+        "<｜tool▁calls▁begin｜>", suffix="<｜tool▁call▁begin｜>f<｜tool▁sep｜>{}"
+    ),
 }
 
 
@@ -88,6 +98,9 @@ PIECES = [
     "<parameter=x>", "</parameter>", "[TOOL_CALLS]", "[ARGS]", "[CALL_ID]", "<|python_tag|>",
     "<|start|>", "assistant", "<|channel|>", "commentary", " to=functions.f", "<|message|>",
     "<|call|>", "<|end|>", "{", "}", "[", "]", '"', ":", ";", ",", "1", "\n", " ", "x",
+    "<arg_key>", "</arg_key>", "<arg_value>", "</arg_value>", "<｜tool▁call▁begin｜>",
+    "<｜tool▁sep｜>", "<｜tool▁call▁end｜>", "<｜tool▁calls▁begin｜>", "<｜tool▁calls▁end｜>",
+    "```",
 ]  # fmt: skip
 
 
