@@ -11,7 +11,8 @@ from enum import StrEnum
 from typing import Any, Literal
 
 FinishReason = Literal["stop", "length", "abort"]
-"""How an engine request ended; a trajectory's span may also end ``fire`` (``CONTINUED``)."""
+"""How an engine request ended; a trajectory's span may also end ``fire`` or ``sync``
+(``CONTINUED``)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -213,8 +214,12 @@ class Trajectory:
         return len(self.completion_ids) - self.num_completion_tokens
 
 
-#: Finish reasons of a span the next span of the same turn continues.
-CONTINUED = frozenset({"abort", "fire"})
+#: Finish reasons of a span the next span of the same turn continues: a weight update
+#: aborted it (``abort``, continued by a new request) or kept it running into the new
+#: weights (``sync``, vLLM's keep mode), or FIRE sampled it hot (``fire``).
+CONTINUED = frozenset({"abort", "sync", "fire"})
+#: Finish reasons of a span a weight update ended (the turn went on under the new weights).
+SYNC_CUT = frozenset({"abort", "sync"})
 
 
 def turn_bounds(traj: Trajectory) -> list[tuple[int, int]]:

@@ -87,8 +87,10 @@ class EngineActor:
     async def open_transfer(self, init_info: dict[str, Any]) -> int:
         return int(await self._engine.open_transfer(init_info))
 
-    async def receive_transfer(self, update_info: dict[str, Any], version: int) -> None:
-        await self._engine.receive_transfer(update_info, version)
+    async def receive_transfer(
+        self, update_info: dict[str, Any], version: int, keep: bool = False
+    ) -> None:
+        await self._engine.receive_transfer(update_info, version, keep=keep)
 
     async def score(self, token_ids: list[int]) -> list[float]:
         return list(await self._engine.score(token_ids))
@@ -235,8 +237,10 @@ class RayEngine:
     async def open_transfer(self, init_info: dict[str, Any]) -> int:
         return int(await self._call("open_transfer", init_info))
 
-    async def receive_transfer(self, update_info: dict[str, Any], version: int) -> None:
-        await self._call("receive_transfer", update_info, version)
+    async def receive_transfer(
+        self, update_info: dict[str, Any], version: int, *, keep: bool = False
+    ) -> None:
+        await self._call("receive_transfer", update_info, version, keep)
 
     async def score(self, token_ids: Sequence[int]) -> list[float]:
         return await self._call("score", list(token_ids))

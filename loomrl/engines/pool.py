@@ -264,7 +264,14 @@ class EnginePool:
         done = await asyncio.gather(*calls, return_exceptions=True)
         return [rid for ids in done if isinstance(ids, list) for rid in ids]
 
-    async def update_weights(self, weights: Any, version: int | None = None) -> float:
+    @property
+    def supports_keep(self) -> bool:
+        """Whether every replica can keep its requests running through a sync."""
+        return all(getattr(r.engine, "supports_keep", False) for r in self._replicas)
+
+    async def update_weights(
+        self, weights: Any, version: int | None = None, *, keep: bool = False
+    ) -> float:
         """Send the weights to every healthy replica at once (and to retired ones whose
         probe passes); returns the slowest replica's seconds. A replica whose update fails
         is retired; with none updated, ``EngineUnavailable``."""
@@ -274,7 +281,7 @@ class EnginePool:
         alive = await asyncio.gather(*(self._probe(r) for r in retired))  # no probe: False
         back = [r for r, ok in zip(retired, alive, strict=True) if ok]
         results = await asyncio.gather(
-            *(_update(r.engine, weights, target) for r in healthy + back),
+            *(_update(r.engine, weights, target, keep) for r in healthy + back),
             return_exceptions=True,
         )
         self._version = target
@@ -376,10 +383,12 @@ def _load(replica: Replica) -> int:
     return replica.outstanding
 
 
-async def _update(engine: Engine, weights: Any, version: int) -> float:
+async def _update(engine: Engine, weights: Any, version: int, keep: bool) -> float:
     update = getattr(engine, "update_weights", None)
     if update is None:
         raise TypeError(f"{type(engine).__name__} has no update_weights")
+    if keep:
+        return float(await update(weights, version=version, keep=True))
     return float(await update(weights, version=version))
 
 

@@ -364,8 +364,11 @@ class RemoteEngine:
         """The server's workers connect to a trainer's transfer (``TransferLink``)."""
         return await open_transfer(self._http, self.url, init_info)
 
-    async def receive_transfer(self, update_info: dict[str, Any], version: int) -> None:
-        """One sync through the transfer, as ``update_weights`` describes."""
+    async def receive_transfer(
+        self, update_info: dict[str, Any], version: int, *, keep: bool = False
+    ) -> None:
+        """One sync through the transfer, as ``update_weights`` describes (never ``keep``:
+        the OpenAI routes do not say which weights sampled which token)."""
         async with self._paused(version):
             await receive_transfer(self._http, update_info)
 

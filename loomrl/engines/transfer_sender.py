@@ -30,6 +30,7 @@ if TYPE_CHECKING:
     import torch
 
 ACCEPT_TIMEOUT_S = 120.0
+RECEIVER_GRACE_S = 10.0
 
 
 class TransferTarget(Protocol):
@@ -39,8 +40,11 @@ class TransferTarget(Protocol):
         """Have every worker connect to ``init_info``'s address; return how many do."""
         ...
 
-    async def receive_transfer(self, update_info: dict[str, Any], version: int) -> None:
-        """Pause, take one sync's tensors, stamp ``version``, resume."""
+    async def receive_transfer(
+        self, update_info: dict[str, Any], version: int, *, keep: bool = False
+    ) -> None:
+        """Pause (in-flight requests aborted, or kept), take one sync's tensors, stamp
+        ``version``, resume."""
         ...
 
 
@@ -148,9 +152,12 @@ class TransferLink:
         weights: Mapping[str, torch.Tensor],
         dtype: torch.dtype,
         version: int,
+        *,
+        keep: bool = False,
     ) -> None:
-        """Stream ``weights`` into ``target`` as policy ``version``. A failure on either
-        side closes the link (the next sync opens a new one) and raises."""
+        """Stream ``weights`` into ``target`` as policy ``version`` (``keep``: its
+        in-flight requests go on under them). A failure on either side closes the link
+        (the next sync opens a new one) and raises."""
         if self._sender is None:
             await self._open(target)
         sender = self._sender
@@ -163,11 +170,14 @@ class TransferLink:
             "bucket_bytes": self.bucket_bytes,
         }
         sending = asyncio.ensure_future(asyncio.to_thread(sender.send, weights, metas))
-        receiving = asyncio.ensure_future(target.receive_transfer(update_info, version))
+        receiving = asyncio.ensure_future(target.receive_transfer(update_info, version, keep=keep))
         try:
-            done, _ = await asyncio.wait({sending, receiving}, return_when=asyncio.FIRST_EXCEPTION)
-            for task in done:
-                task.result()  # the first failure, on either side
+            await asyncio.wait({sending, receiving}, return_when=asyncio.FIRST_EXCEPTION)
+            if sending.done() and sending.exception() is not None:
+                # A worker that fails drops its connection first: its own error says why.
+                await asyncio.wait({receiving}, timeout=RECEIVER_GRACE_S)
+            if receiving.done():
+                receiving.result()  # the engine's failure, when it failed
             self.last_bytes = await sending
             await receiving
         except BaseException:

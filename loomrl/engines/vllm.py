@@ -27,7 +27,7 @@ from loomrl.engines.transfer_sender import TransferLink
 from loomrl.engines.vllm_close import shut_down
 from loomrl.engines.vllm_cpu import one_process, uni_executor
 from loomrl.engines.vllm_sync import TRANSFER_CONFIG, check_weight_sync
-from loomrl.engines.vllm_weights import EngineWeights
+from loomrl.engines.vllm_weights import EngineWeights, version_spans
 from loomrl.hardware import cpu_has_native_bf16
 from loomrl.models import is_vision, resolve
 from loomrl.types import Completion, SamplingParams
@@ -205,8 +205,8 @@ class VLLMEngine(EngineWeights):
         request_id = request_id or f"loomrl-{next(self._counter)}"
         if self._updating is not None:  # wait for the new weights, then stamp with them
             await self._updating.wait()
-        # Every weight update aborts the requests in flight, so all tokens of a request
-        # come from the version it started under, even if its last output arrives late.
+        # A weight update aborts the requests in flight (their tokens are all the version
+        # they started under), or keeps them (vLLM labels each token's version: spans).
         version = self._policy_version
         prompt = TokensPrompt(prompt_token_ids=list(prompt_ids))
         if images:
@@ -229,15 +229,17 @@ class VLLMEngine(EngineWeights):
                 f"vLLM request {request_id!r} ended with finish_reason={out.finish_reason!r}"
             )
         logprobs = list(out.logprobs.logprobs) if out.logprobs is not None else []
+        spans = version_spans(out.weight_versions, version, len(out.token_ids)) or []
         return Completion(
             token_ids=list(out.token_ids),
             logprobs=logprobs,
             text=out.text,
             finish_reason=out.finish_reason,
-            policy_version=version,
+            policy_version=spans[0][2] if spans else version,
             stop_reason=out.stop_reason,
             prompt_len=len(prompt_ids),
             request_id=request_id,
+            extra={"version_spans": spans} if len(spans) > 1 else {},
         )
 
     async def score(self, token_ids: Sequence[int]) -> list[float]:

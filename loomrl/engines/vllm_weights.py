@@ -1,6 +1,12 @@
 """How ``VLLMEngine`` takes new weights: the full model (through vLLM's weight-transfer
 API or a file, ``vllm_sync``) or a LoRA adapter (``lora_adapter``), always between a pause
-that aborts what is in flight and a resume.
+and a resume.
+
+The pause aborts what is in flight, or with ``keep`` (vLLM's keep mode) freezes it: the
+kept requests go on under the new weights after the resume, their KV recomputed with
+them (the running requests are preempted when the prefix cache is cleared), and vLLM
+labels each output token with the weight version that sampled it, so a kept request's
+tokens come back as spans per version (``version_spans``), as exact as an aborted one's.
 """
 
 from __future__ import annotations
@@ -49,15 +55,22 @@ class EngineWeights:
         """The vLLM LoRA adapter every request runs with (``None``: the model's weights)."""
         return None if self._adapter is None else self._adapter[0]
 
+    supports_keep = True
+
     async def update_weights(
-        self, weights: Mapping[str, torch.Tensor] | Adapter, version: int | None = None
+        self,
+        weights: Mapping[str, torch.Tensor] | Adapter,
+        version: int | None = None,
+        *,
+        keep: bool = False,
     ) -> float:
         """Load new weights (HF parameter names, any float dtype; or a LoRA ``Adapter``)
         into the live engine; returns seconds taken.
 
         Requests still in flight are aborted first (they end with ``finish_reason="abort"``
-        and keep their tokens, all from the old weights: versions never mix within a
-        generation); the prefix cache, whose KV came from the old weights, is cleared.
+        and keep their tokens, all from the old weights), or with ``keep`` continue under
+        the new weights (each version's tokens a span of their own); the prefix cache,
+        whose KV came from the old weights, is cleared.
         Weights stream through vLLM's weight-transfer API (``weight_sync="transfer"``) or
         go as one file (``"file"``); an adapter is loaded as a vLLM LoRA adapter named
         after its version. ``policy_version`` becomes ``version`` (default: one more).
@@ -66,26 +79,25 @@ class EngineWeights:
         new = self._policy_version + 1 if version is None else version
         dtype = self._llm.model_config.dtype
         if isinstance(weights, Adapter):
-            async with self._paused():
+            async with self._paused(new, keep):
                 await self._load_adapter(weights, new)
-                self._policy_version = new
         elif self._link is not None:
-            await self._link.push(self, weights, dtype, new)
+            await self._link.push(self, weights, dtype, new, keep=keep)
         else:
-            async with self._paused():
+            async with self._paused(new, keep):
                 await load_weight_file(self._llm, weights, dtype)
-                self._policy_version = new
         return time.perf_counter() - start
 
     async def open_transfer(self, init_info: dict[str, Any]) -> int:
         """The workers connect to a trainer's transfer (``TransferLink``)."""
         return await open_transfer(self._llm, init_info)
 
-    async def receive_transfer(self, update_info: dict[str, Any], version: int) -> None:
+    async def receive_transfer(
+        self, update_info: dict[str, Any], version: int, *, keep: bool = False
+    ) -> None:
         """One sync through the transfer, as ``update_weights`` describes."""
-        async with self._paused():
+        async with self._paused(version, keep):
             await receive_transfer(self._llm, update_info)
-            self._policy_version = version
 
     async def _load_adapter(self, adapter: Adapter, version: int) -> None:
         """``adapter`` as the adapter every request runs with; the one before it unloaded."""
@@ -114,16 +126,38 @@ class EngineWeights:
             shutil.rmtree(self._adapter[1], ignore_errors=True)
 
     @contextlib.asynccontextmanager
-    async def _paused(self) -> AsyncIterator[None]:
-        """Generation stopped (in-flight requests aborted, new ones held) around a load;
-        the prefix cache cleared after a load that succeeded."""
+    async def _paused(self, version: int, keep: bool) -> AsyncIterator[None]:
+        """Generation stopped (in-flight requests aborted, or kept; new ones held) around
+        a load; after a load that succeeded, the new ``version`` labels what is sampled
+        from now on and the prefix cache is cleared (kept requests recompute their KV)."""
         self._updating = asyncio.Event()
-        await self.abort()
-        await self._llm.pause_generation(mode="abort", clear_cache=True)
+        if not keep:
+            await self.abort()
+        await self._llm.pause_generation(mode="keep" if keep else "abort", clear_cache=not keep)
         try:
             yield
-            await self._llm.reset_prefix_cache()
+            await self._llm.update_weight_version(str(version))
+            await self._llm.reset_prefix_cache(reset_running_requests=keep)
+            self._policy_version = version
         finally:
             await self._llm.resume_generation()
             self._updating.set()
             self._updating = None
+
+
+def version_spans(
+    spans: list[Any] | None, first: int, count: int
+) -> list[tuple[int, int, int]] | None:
+    """``(start, end, policy version)`` per run of a completion's tokens sampled by one
+    weight version (vLLM's ``weight_versions``), or None when vLLM labelled none; tokens
+    before any label (and the label ``default``) are ``first``'s, the version the request
+    started under. A request kept through a sync before its first token has one span,
+    of the new version."""
+    if not spans:
+        return None
+    pieces = [(s.start, s.end, first if s.version == "default" else int(s.version)) for s in spans]
+    if pieces[0][0] > 0:
+        pieces.insert(0, (0, pieces[0][0], first))
+    if pieces[-1][1] != count:
+        raise RuntimeError(f"vLLM's weight versions cover {pieces[-1][1]} of {count} tokens")
+    return pieces

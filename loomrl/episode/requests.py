@@ -112,3 +112,15 @@ async def generate(
         return await ctx.engine.generate(prompt, params, request_id=request_id)
     finally:
         ctx.in_flight.discard(request_id)
+
+
+def add_spans(traj: Trajectory, out: Completion, temperature: float) -> None:
+    """The completion's span, or one per weight version when a sync kept it running
+    (the engine's ``version_spans``; each but the last ends ``sync``)."""
+    at, count = len(traj.completion_ids), len(out.token_ids)
+    pieces = out.extra.get("version_spans") or [(0, count, out.policy_version)]
+    for i, (start, end, version) in enumerate(pieces):  # type: ignore[misc]
+        traj.spans.append((at + start, at + end))
+        traj.span_versions.append(version)
+        traj.finish_reasons.append(out.finish_reason if i == len(pieces) - 1 else "sync")
+        traj.span_temperatures.append(temperature)

@@ -224,10 +224,7 @@ async def _generate_piece(
     clock["generate_s"] = clock.get("generate_s", 0.0) + time.perf_counter() - t0
     cut = gate is not None and out.finish_reason == "abort" and gate.paused_since(epoch)
     if out.token_ids or not cut:  # a cut piece without tokens leaves no trace
-        traj.spans.append((len(traj.completion_ids), len(traj.completion_ids) + len(out.token_ids)))
-        traj.span_versions.append(out.policy_version)
-        traj.finish_reasons.append(out.finish_reason)
-        traj.span_temperatures.append(requests.temperature(ctx.sampling, hot))
+        requests.add_spans(traj, out, requests.temperature(ctx.sampling, hot))
         traj.completion_ids += out.token_ids
         traj.logprobs += out.logprobs
         traj.loss_mask += [1] * len(out.token_ids)

@@ -26,7 +26,7 @@ from loomrl.producer.log import BufferLog, BufferLogError
 from loomrl.producer.progress import Progress
 from loomrl.producer.records import load_own_state
 from loomrl.producer.tasks import quotas
-from loomrl.types import Trajectory
+from loomrl.types import SYNC_CUT, Trajectory
 
 logger = logging.getLogger(__name__)
 
@@ -341,7 +341,7 @@ class ReplayBuffer:
         stale = group.staleness(step)
         self.progress.staleness[stale] = self.progress.staleness.get(stale, 0) + 1
         for traj in trajs:
-            pieces = sum(1 for reason in traj.finish_reasons if reason == "abort")
+            pieces = sum(1 for reason in traj.finish_reasons if reason in SYNC_CUT)
             spans = self.progress.continued_spans
             spans[pieces] = spans.get(pieces, 0) + 1
         self._index.move(group, GroupStatus.CONSUMED)
@@ -360,7 +360,7 @@ class ReplayBuffer:
         _decrement(self.progress.staleness, group.staleness(step))
         for traj in trajs:
             _decrement(
-                self.progress.continued_spans, sum(1 for r in traj.finish_reasons if r == "abort")
+                self.progress.continued_spans, sum(1 for r in traj.finish_reasons if r in SYNC_CUT)
             )
         group.consumed_step = None
         self._index.move(group, GroupStatus.COMPLETED)

@@ -105,6 +105,24 @@ def save_failures(buffer: ReplayBuffer, failures: Failures) -> None:
         buffer.log.set_meta(FAILURES_KEY, failures.state_dict())
 
 
+def note_others(exc: BaseException, failures: Failures, previous: str) -> str:
+    """Note on ``exc`` (replacing its ``previous`` note) how many other failures
+    production counted; returns the note now on it ("" when there were none)."""
+    notes = getattr(exc, "__notes__", [])
+    if previous in notes:
+        notes.remove(previous)
+    others = failures.total - 1  # this exception is counted too
+    if others <= 0:
+        return ""
+    note = (
+        f"production counted {failures.summary()}: this one and {others} "
+        f"other{'s' if others != 1 else ''}; Producer.failures.records holds the "
+        f"first messages"
+    )
+    exc.add_note(note)
+    return note
+
+
 def _cut(message: str) -> str:
     if len(message) <= MESSAGE_CHARS:
         return message

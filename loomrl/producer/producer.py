@@ -28,7 +28,7 @@ from loomrl.episode.scoring import score
 from loomrl.episode.turn_loop import Preempted, Resume, run_trajectory
 from loomrl.producer.buffer import ReplayBuffer
 from loomrl.producer.config import ProducerConfig
-from loomrl.producer.failures import load_failures, save_failures
+from loomrl.producer.failures import load_failures, note_others, save_failures
 from loomrl.producer.gate import Gate
 from loomrl.producer.group import FINAL, UNTRAINABLE, Group, GroupStatus, Sample, example_id
 from loomrl.producer.progress import Progress
@@ -133,10 +133,18 @@ class Producer:
     async def update_weights(self, weights: Any, version: int | None = None) -> float:
         """Pause, abort what is generating, load the weights, resume; returns the seconds
         the engine's load took. Aborted samples keep their tokens (version-stamped) with
-        ``partial_rollout`` and continue under the new weights; without it they restart."""
+        ``partial_rollout`` and continue under the new weights; without it they restart.
+        With ``partial_rollout`` and an engine that can (vLLM's keep mode), nothing is
+        aborted: the generations in flight go on under the new weights inside the engine,
+        which reports each version's tokens as a span of their own."""
         was_open = self.gate.is_open
-        await self.pause()
-        seconds = await self.engine.update_weights(weights, version=version)  # type: ignore[attr-defined]
+        update = self.engine.update_weights  # type: ignore[attr-defined]
+        if self.config.partial_rollout and getattr(self.engine, "supports_keep", False):
+            self.gate.close()  # new requests wait; those in flight are kept
+            seconds = await update(weights, version=version, keep=True)
+        else:
+            await self.pause()
+            seconds = await update(weights, version=version)
         if was_open:
             self.resume()
         return float(seconds)
@@ -382,18 +390,6 @@ class Producer:
 
     def _raise_failure(self) -> None:
         """Raise the first exception, noting how many other failures there were."""
-        exc = self._failure
-        if exc is None:
-            return
-        notes = getattr(exc, "__notes__", [])
-        if self._failure_note in notes:
-            notes.remove(self._failure_note)
-        others = self.failures.total - 1  # this exception is counted too
-        if others > 0:
-            self._failure_note = (
-                f"production counted {self.failures.summary()}: this one and {others} "
-                f"other{'s' if others != 1 else ''}; Producer.failures.records holds the "
-                f"first messages"
-            )
-            exc.add_note(self._failure_note)
-        raise exc
+        if self._failure is not None:
+            self._failure_note = note_others(self._failure, self.failures, self._failure_note)
+            raise self._failure

@@ -104,3 +104,30 @@ async def test_a_colocated_step_sleeps_wakes_and_syncs_on_a_real_engine(engine):
     assert out.policy_version == 11 and len(out.token_ids) == 4
     after = torch.tensor(await engine.score(SEQUENCE))
     assert (after - learner_logprobs(model)).abs().mean() < 0.05
+
+
+async def test_a_kept_request_goes_on_under_the_new_weights_in_spans(engine):
+    """vLLM's keep mode: the request in flight is not aborted; its tokens come back as one
+    span per weight version, and those after the sync are the new weights' (their KV
+    recomputed: they match the learner's recompute), those before are not."""
+    import asyncio
+
+    model = learner_model(seed=5)
+    params = SamplingParams(max_tokens=240, ignore_eos=True, temperature=1.0)
+    task = asyncio.create_task(engine.generate(SEQUENCE[:4], params))
+    while engine.in_flight == 0:
+        await asyncio.sleep(0.01)
+    await asyncio.sleep(0.2)  # some tokens under the old weights
+    old = engine.policy_version
+    await engine.update_weights(model.state_dict(), keep=True)
+    out = await task
+    assert out.finish_reason == "length" and len(out.token_ids) == 240
+    assert out.policy_version == old and engine.policy_version == old + 1
+    (_, cut, first), (start, end, second) = out.extra["version_spans"]
+    assert (first, second) == (old, old + 1) and start == cut and end == 240 and 0 < cut < 240
+    traj = Trajectory(0, 0, 0, "k", prompt_ids=SEQUENCE[:4], completion_ids=out.token_ids,
+                      logprobs=out.logprobs, loss_mask=[1] * 240)  # fmt: skip
+    batch = pad([traj])
+    recomputed = batch.per_sample(compute_logprobs(model, batch))[0]
+    gap = (recomputed - torch.tensor(out.logprobs)).abs()
+    assert gap[cut:].mean() < 0.05 and gap[:cut].mean() > 0.2

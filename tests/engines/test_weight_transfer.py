@@ -58,7 +58,9 @@ class InProcessTarget:
         self.worker.init_transfer_engine(self.worker.parse_init_info(init_info))
         return 1
 
-    async def receive_transfer(self, update_info: dict[str, Any], version: int) -> None:
+    async def receive_transfer(
+        self, update_info: dict[str, Any], version: int, *, keep: bool = False
+    ) -> None:
         info = self.worker.parse_update_info(update_info)
         if self.fail_after is not None:
             info.names = info.names[: self.fail_after]  # a worker that stops reading early
