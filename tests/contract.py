@@ -10,8 +10,9 @@ from typing import Any
 from loomrl.token_check import verify
 from loomrl.tokens import ChatTokenizer
 from loomrl.types import CONTINUED, Trajectory
+from loomrl.vision.chat import VisionChat
 from loomrl.vision.images import image_hash, load_message_images
-from loomrl.vision.tokens import block_starts, collapse
+from loomrl.vision.tokens import blocks_in, collapse
 
 
 def mask_runs(mask: Sequence[int]) -> list[tuple[int, int]]:
@@ -104,26 +105,8 @@ def check_segment(
     template_messages`` for templates that render tool calls from structure); ``tools``
     the schemas the episode gave the template (``EnvState.tools``)."""
     stops = set(stop_ids) or {tokenizer.eos_token_id}
-    ids, lps, mask = traj.completion_ids, traj.logprobs, traj.loss_mask
-    assert len(ids) == len(lps) == len(mask)
-    assert set(mask) <= {0, 1}
-    for lp, bit in zip(lps, mask, strict=True):
-        assert lp == 0.0 if bit == 0 else lp <= 0.0
-    assert len(traj.spans) == len(traj.span_versions) == len(traj.finish_reasons)
-    assert len(traj.span_temperatures) == len(traj.spans)
-    assert all(t >= 0 for t in traj.span_temperatures)
-    turns = turns_of(traj)
-    assert [(s, e) for s, e, _ in turns] == mask_runs(mask)
-    assert len(turns) == traj.turns
-
-    # Each model turn is exactly its assistant message (plus the stop token it emitted).
-    replies = [m for m in traj.messages if m["role"] == "assistant"][-traj.turns :]
-    assert len(replies) == traj.turns
-    for (start, end, _), message in zip(turns, replies, strict=True):
-        span = ids[start:end]
-        stop = tokenizer.decode(span[-1:], skip_special_tokens=False) if span[-1] in stops else ""
-        text = tokenizer.decode(span, skip_special_tokens=False)
-        assert text == message["content"] + stop
+    turns = check_turns(tokenizer, traj, stops)
+    ids, mask = traj.completion_ids, traj.loss_mask
 
     # Token level: the ids are the re-rendered conversation, up to the last closing. A
     # sampled model may spell its own text with other tokens than encoding it gives (" \n"
@@ -152,6 +135,37 @@ def check_segment(
     assert traj.messages[-1]["role"] == "assistant"
 
 
+def check_turns(
+    tokenizer: Any, traj: Trajectory, stops: Collection[int]
+) -> list[tuple[int, int, str]]:
+    """The part of the contract that needs no re-rendering: aligned lists, logprobs, one
+    mask run per turn (its pieces contiguous), each turn exactly its assistant message
+    (plus the stop token in ``stops`` it emitted); returns the turns (``turns_of``). A
+    trajectory whose template rewrites history (Qwen3 after a new user turn) meets this
+    part only: its re-rendering differs by design (docs/thinking.md)."""
+    ids, lps, mask = traj.completion_ids, traj.logprobs, traj.loss_mask
+    assert len(ids) == len(lps) == len(mask)
+    assert set(mask) <= {0, 1}
+    for lp, bit in zip(lps, mask, strict=True):
+        assert lp == 0.0 if bit == 0 else lp <= 0.0
+    assert len(traj.spans) == len(traj.span_versions) == len(traj.finish_reasons)
+    assert len(traj.span_temperatures) == len(traj.spans)
+    assert all(t >= 0 for t in traj.span_temperatures)
+    turns = turns_of(traj)
+    assert [(s, e) for s, e, _ in turns] == mask_runs(mask)
+    assert len(turns) == traj.turns
+
+    # Each model turn is exactly its assistant message (plus the stop token it emitted).
+    replies = [m for m in traj.messages if m["role"] == "assistant"][-traj.turns :]
+    assert len(replies) == traj.turns
+    for (start, end, _), message in zip(turns, replies, strict=True):
+        span = ids[start:end]
+        stop = tokenizer.decode(span[-1:], skip_special_tokens=False) if span[-1] in stops else ""
+        text = tokenizer.decode(span, skip_special_tokens=False)
+        assert text == message["content"] + stop
+    return turns
+
+
 def check_images(chat: ChatTokenizer, traj: Trajectory) -> None:
     """The images of a trajectory: one placeholder block per image of its messages, in
     order, each named by its pixel hash in ``traj.images``; no placeholder id outside a
@@ -162,12 +176,14 @@ def check_images(chat: ChatTokenizer, traj: Trajectory) -> None:
     if chat.image_token_id is None:
         assert not shown
         return
-    starts = block_starts(full, chat)
-    assert len(starts) == len(shown)
-    width = len(chat.image_block)
-    per_block = chat.image_block.count(chat.image_token_id)
-    assert full.count(chat.image_token_id) == per_block * len(starts)
+    # Each image's own block, in order: the processor's for its size (VisionChat).
+    own = chat.blocks.of if isinstance(chat, VisionChat) else lambda _: chat.image_block
+    blocks = [own(image) for image in shown]
+    found = blocks_in(full, chat)
+    assert [block for _, block in found] == blocks
+    token = chat.image_token_id
+    assert full.count(token) == sum(block.count(token) for block in blocks)
     offset = len(traj.prompt_ids)
-    for start in starts:  # blocks are prompt or glue, never sampled
-        inside = range(max(start, offset), start + width)
+    for start, block in found:  # blocks are prompt or glue, never sampled
+        inside = range(max(start, offset), start + len(block))
         assert all(traj.loss_mask[i - offset] == 0 for i in inside)

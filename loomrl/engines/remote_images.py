@@ -45,19 +45,15 @@ class ImageRequests:
                 f"{where} has no vision tower: it cannot take images (serve a "
                 "vision-language model, e.g. smolvlm-tiny)"
             )
-        from transformers import AutoProcessor
-
-        from loomrl.vision.tokens import image_block
+        from loomrl.vision.blocks import ImageBlocks
 
         self.server = server
-        self.token, self.block = image_block(AutoProcessor.from_pretrained(server.local_dir))
+        self.blocks = ImageBlocks.for_model(server.local_dir)  # each image's, by its size
 
     def fold(self, prompt_ids: Sequence[int], images: Sequence[Any]) -> list[int]:
-        """``prompt_ids`` with each image block folded to its placeholder; ``ValueError``
-        when blocks and images differ in number (never a silent mix-up)."""
-        from loomrl.vision.tokens import fold_for_engine
-
-        return fold_for_engine(prompt_ids, self.token, self.block, len(images))
+        """``prompt_ids`` with each image's block folded to its placeholder; ``ValueError``
+        when blocks and images differ in number or size (never a silent mix-up)."""
+        return self.blocks.fold(prompt_ids, images)
 
     def body(
         self,

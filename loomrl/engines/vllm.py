@@ -31,10 +31,11 @@ from loomrl.engines.vllm_weights import EngineWeights, version_spans
 from loomrl.hardware import cpu_has_native_bf16
 from loomrl.models import is_vision, resolve
 from loomrl.types import Completion, SamplingParams
-from loomrl.vision.tokens import fold_for_engine
 
 if TYPE_CHECKING:
     import torch
+
+    from loomrl.vision.blocks import ImageBlocks
 
 DEFAULT_CPU_KV_CACHE_GIB = 4
 WEIGHT_LOADER = "loomrl.engines.vllm_worker.WeightLoader"
@@ -114,7 +115,7 @@ class VLLMEngine(EngineWeights):
         lifeline.mark_children()  # its engine core and workers die with this process
         with uni_executor() if uni else contextlib.nullcontext():
             self._llm = AsyncLLM.from_engine_args(args)
-        self._image: tuple[int, tuple[int, ...]] | None = None  # placeholder id, its block
+        self._image_blocks: ImageBlocks | None = None  # each image's block, by its size
         self._children = [
             p for p in psutil.Process().children(recursive=True) if p.pid not in before
         ]
@@ -171,14 +172,11 @@ class VLLMEngine(EngineWeights):
                 f"the conversation shows {len(images)} images; this engine takes at most "
                 f"{self.max_images} per prompt (VLLMEngine(max_images=...))"
             )
-        if self._image is None:
-            from transformers import AutoProcessor
+        if self._image_blocks is None:  # each image's block, asked of the processor by size
+            from loomrl.vision.blocks import ImageBlocks
 
-            from loomrl.vision.tokens import image_block
-
-            self._image = image_block(AutoProcessor.from_pretrained(self.model_path))
-        token, block = self._image
-        folded = fold_for_engine(prompt_ids, token, block, len(images))
+            self._image_blocks = ImageBlocks.for_model(self.model_path)
+        folded = self._image_blocks.fold(prompt_ids, images)
         data = {"image": list(images)}
         return TokensPrompt(prompt_token_ids=folded, multi_modal_data=data)  # type: ignore[typeddict-item]
 

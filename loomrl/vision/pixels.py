@@ -4,10 +4,12 @@ forward pass takes, made by the model's own image processor.
 A trajectory keeps its images in its messages (or, read back from a run, as
 ``sha256:HASH`` references into its file's side table, ``loomrl.runs.load_images``) and
 their hashes in ``Trajectory.images``, in the order of their placeholder blocks in the
-token ids. The ``PixelEncoder`` loads them in that order, checks them against the hashes and the ids
-(one block of ``tokens_per_image`` placeholder ids per image), and runs the image
-processor once per distinct image (a group shares its prompt image): the same
-processing vLLM applied when it sampled, so recomputed logprobs see what the sampler saw.
+token ids. The ``PixelEncoder`` loads them in that order, checks them against the hashes
+and the ids (each image takes as many placeholder ids as its processor gives its size),
+and runs the image processor once per distinct image (a group shares its prompt image):
+the same processing vLLM applied when it sampled, so recomputed logprobs see what the
+sampler saw. A processor that splits images into tiles gives an image several rows of
+pixels (``Pixels.rows``).
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ import torch
 from torch import Tensor
 
 from loomrl.types import Trajectory
+from loomrl.vision.blocks import ImageBlocks
 from loomrl.vision.images import ImageError, image_hash, image_parts, load_image, ref_key
 
 
@@ -29,36 +32,58 @@ from loomrl.vision.images import ImageError, image_hash, image_parts, load_image
 class Pixels:
     """The images of a batch's samples, in sample order, each sample's in block order.
 
-    ``values [K, C, H, W]`` float32; ``mask [K, H, W]`` int64 (1 on real pixels, 0 on the
-    padding the processor added), or None when the processor has none; ``counts [B]``
-    int64, the number of images of each sample (``K = counts.sum()``).
+    ``values [R, C, H, W]`` float32, one row per image or, for a processor that splits
+    images into tiles (SmolVLM), per tile; ``mask [R, H, W]`` int64 (1 on real pixels, 0
+    on the padding the processor added), or None when the processor has none; ``counts
+    [B]`` int64, the number of images of each sample; ``rows [N]`` int64, the rows each
+    image takes (``N = counts.sum()``, ``R = rows.sum()``), None when one each.
     """
 
     values: Tensor
     mask: Tensor | None
     counts: Tensor
+    rows: Tensor | None = None
 
     def offsets(self) -> list[int]:
-        """``[B + 1]`` index of each sample's first image (and the end)."""
-        return [0, *torch.cumsum(self.counts, 0).tolist()]
+        """``[B + 1]`` index of each sample's first row (and the end)."""
+        return [0, *torch.cumsum(self._sample_rows(), 0).tolist()]
 
     def of_samples(self, first: int, end: int) -> Pixels:
         """The images of samples ``[first, end)``."""
-        at = self.offsets()
+        at, images = self.offsets(), self._image_offsets()
         rows = slice(at[first], at[end])
         mask = None if self.mask is None else self.mask[rows]
-        return Pixels(self.values[rows], mask, self.counts[first:end])
+        own = None if self.rows is None else self.rows[images[first] : images[end]]
+        return Pixels(self.values[rows], mask, self.counts[first:end], own)
 
     def in_order(self, order: Sequence[int]) -> Pixels:
         """The images of the samples ``order`` (sample indices), in that order."""
-        at = self.offsets()
+        at, images = self.offsets(), self._image_offsets()
         rows = torch.tensor([k for i in order for k in range(at[i], at[i + 1])], dtype=torch.long)
         mask = None if self.mask is None else self.mask[rows]
-        return Pixels(self.values[rows], mask, self.counts[list(order)])
+        own = None
+        if self.rows is not None:
+            picked = [k for i in order for k in range(images[i], images[i + 1])]
+            own = self.rows[torch.tensor(picked, dtype=torch.long)]
+        return Pixels(self.values[rows], mask, self.counts[list(order)], own)
+
+    def _image_offsets(self) -> list[int]:
+        return [0, *torch.cumsum(self.counts, 0).tolist()]
+
+    def _sample_rows(self) -> Tensor:
+        """``[B]`` rows of each sample."""
+        if self.rows is None:
+            return self.counts
+        at = self._image_offsets()
+        return torch.tensor(
+            [int(self.rows[at[i] : at[i + 1]].sum()) for i in range(len(self.counts))],
+            dtype=torch.long,
+        )
 
     def to(self, device: torch.device | str) -> Pixels:
         mask = None if self.mask is None else self.mask.to(device)
-        return Pixels(self.values.to(device), mask, self.counts.to(device))
+        rows = None if self.rows is None else self.rows.to(device)
+        return Pixels(self.values.to(device), mask, self.counts.to(device), rows)
 
     def model_inputs(self, device: torch.device | str) -> dict[str, Tensor]:
         """The keyword arguments of the forward pass (one batch row holding every image:
@@ -79,13 +104,18 @@ class PixelEncoder:
         image_token_id: int,
         tokens_per_image: int,
         cache_bytes: int = 256 * 2**20,
+        blocks: ImageBlocks | None = None,
     ) -> None:
+        """``blocks``: each image's block for its size (``for_model`` passes them), so an
+        image takes the placeholder ids its processor gives it; without them every image
+        takes ``tokens_per_image``."""
         if tokens_per_image < 1:
             raise ValueError(f"tokens_per_image must be >= 1, got {tokens_per_image}")
         if cache_bytes < 0:
             raise ValueError(f"cache_bytes must be >= 0, got {cache_bytes}")
         self.image_processor = image_processor
         self.image_token_id, self.tokens_per_image = image_token_id, tokens_per_image
+        self.blocks = blocks
         # Bounded by bytes, not entries: one image of a tiling processor (SmolVLM's
         # 4x4 tiles of 364 px plus a global one) is ~27 MB of float32 pixels, so a
         # count-bounded cache of a few hundred would hold gigabytes.
@@ -100,14 +130,14 @@ class PixelEncoder:
         from transformers import AutoProcessor
 
         from loomrl.models import is_vision
-        from loomrl.vision.tokens import image_block
 
         if not is_vision(model_dir):
             return None
 
         processor = AutoProcessor.from_pretrained(model_dir)
-        token_id, block = image_block(processor)
-        return cls(processor.image_processor, token_id, block.count(token_id))
+        blocks = ImageBlocks(processor)
+        per_image = blocks.probe_block.count(blocks.token)
+        return cls(processor.image_processor, blocks.token, per_image, blocks=blocks)
 
     def encode(
         self,
@@ -130,7 +160,9 @@ class PixelEncoder:
         count_tensor = torch.tensor(counts, dtype=torch.long)
         if not values:
             return Pixels(torch.zeros((0, 3, 1, 1)), None, count_tensor)
-        return Pixels(*_stacked(values, masks), count_tensor)
+        rows = torch.tensor([v.shape[0] for v in values], dtype=torch.long)
+        tiled = rows if bool((rows != 1).any()) else None  # tiles: rows per image
+        return Pixels(*_stacked(values, masks), count_tensor, tiled)
 
     def images_of(self, traj: Trajectory, stored: Mapping[str, Any] | None = None) -> list[Any]:
         """``traj``'s images in block order, checked against ``traj.images`` and the
@@ -161,13 +193,17 @@ class PixelEncoder:
                     f"with (hash {key[:12]}...)"
                 )
         found = (traj.prompt_ids + traj.completion_ids).count(self.image_token_id)
-        if found != len(images) * self.tokens_per_image:
+        each = [self.tokens_of(image) for image in images]
+        if found != sum(each):
             raise ImageError(
                 f"{where}: its ids hold {found} image placeholder ids, but {len(images)} "
-                f"images take {len(images) * self.tokens_per_image} "
-                f"({self.tokens_per_image} each)"
+                f"images take {sum(each)} ({', '.join(map(str, each))})"
             )
         return images
+
+    def tokens_of(self, image: Any) -> int:
+        """How many placeholder ids ``image`` takes (its processor's count for its size)."""
+        return self.tokens_per_image if self.blocks is None else self.blocks.tokens(image)
 
     def _processed(self, key: str, image: Any) -> tuple[Tensor, Tensor | None]:
         """``([n, C, H, W], [n, H, W] | None)`` of one image (n > 1 when the processor

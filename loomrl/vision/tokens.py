@@ -7,6 +7,10 @@ processor once on a probe, so prompt and glue ids are exactly the processor's, a
 ``ChatTokenizer`` expands every placeholder it renders (``ChatTokenizer.encode``).
 Engines get the ids with each block collapsed back to one placeholder plus the images
 (``collapse``): vLLM expands placeholders itself and silently misreads expanded ones.
+Images of any size: the block depends on the image (Qwen2-VL's dynamic resolution,
+SmolVLM's tiles), so ``vision_chat`` gives a ``VisionChat`` that asks the processor per
+image size (``loomrl.vision.blocks``, ``loomrl.vision.chat``); ``image_block`` is the
+one probed block, kept for fixed-block models.
 """
 
 from __future__ import annotations
@@ -16,53 +20,43 @@ from pathlib import Path
 from typing import Any
 
 from loomrl.tokens import ChatTokenizer
+from loomrl.vision.blocks import ImageBlocks
+from loomrl.vision.chat import VisionChat
 
-_LEFT, _RIGHT = "LoomrlLeft", "LoomrlRight"
 
-
-def vision_chat(model_dir: str | Path, **kwargs: Any) -> ChatTokenizer:
-    """A ``ChatTokenizer`` for the vision-language model in ``model_dir``."""
+def vision_chat(model_dir: str | Path, **kwargs: Any) -> VisionChat:
+    """The token layer of the vision-language model in ``model_dir``: each image's
+    placeholder becomes the block its processor makes for that image's size."""
     from transformers import AutoProcessor
 
     processor = AutoProcessor.from_pretrained(model_dir)
-    token_id, block = image_block(processor)
     tokenizer = processor.tokenizer
     template = getattr(processor, "chat_template", None) or tokenizer.chat_template
     kwargs.setdefault("chat_template", template)
-    return ChatTokenizer(tokenizer, image_token_id=token_id, image_block=block, **kwargs)
+    return VisionChat(tokenizer, ImageBlocks(processor), **kwargs)
 
 
 def image_block(processor: Any) -> tuple[int, tuple[int, ...]]:
-    """``(placeholder id, ids the processor puts in its place)``, found by probe: the
-    processor's ids for ``LEFT<image>RIGHT`` with one blank image, between the two."""
-    from PIL import Image
-
-    tokenizer = processor.tokenizer
-    placeholder = getattr(processor, "image_token", None) or "<image>"
-    token_id = tokenizer.convert_tokens_to_ids(placeholder)
-    if not isinstance(token_id, int) or token_id == tokenizer.unk_token_id:
-        raise ValueError(f"the processor's image placeholder {placeholder!r} is not one token")
-    size = _probe_size(processor)
-    ids = processor(
-        text=[f"{_LEFT}{placeholder}{_RIGHT}"],
-        images=[[Image.new("RGB", (size, size), (127, 127, 127))]],
-    )["input_ids"][0]
-    ids = list(getattr(ids, "tolist", lambda: ids)())
-    left = tokenizer.encode(_LEFT, add_special_tokens=False)
-    right = tokenizer.encode(_RIGHT, add_special_tokens=False)
-    start = _find(ids, left) + len(left)
-    end = _find(ids, right, start)
-    block = tuple(ids[start:end])
-    if token_id not in block:
-        raise ValueError(f"the processor's block for an image holds no {placeholder!r}: {block}")
-    return token_id, block
+    """``(placeholder id, ids the processor puts in its place)`` for one blank square
+    image at the processor's own size: the block of every image for a fixed-block model
+    (``ImageBlocks`` gives each image its own)."""
+    blocks = ImageBlocks(processor)
+    return blocks.token, blocks.probe_block
 
 
 def collapse(ids: Sequence[int], chat: ChatTokenizer) -> list[int]:
-    """``ids`` with each image block back to its one placeholder (what vLLM expands)."""
+    """``ids`` with each image block back to its one placeholder (what vLLM expands):
+    for a ``VisionChat``, any block it has made (longest first)."""
     if chat.image_token_id is None:
         return list(ids)
-    return fold_blocks(ids, chat.image_token_id, chat.image_block)
+    token = chat.image_token_id
+    out: list[int] = []
+    i = 0
+    while i < len(ids):
+        block = _block_at(ids, i, chat)
+        out.append(token if block else ids[i])
+        i += len(block) or 1
+    return out
 
 
 def fold_blocks(ids: Sequence[int], token: int, block: Sequence[int]) -> list[int]:
@@ -92,26 +86,35 @@ def fold_for_engine(ids: Sequence[int], token: int, block: Sequence[int], images
     return folded
 
 
-def block_starts(ids: Sequence[int], chat: ChatTokenizer) -> list[int]:
-    """Where each image block starts in ``ids``, in order (one per image)."""
-    block = chat.image_block
-    if not block:
-        return []
-    width = len(block)
-    return [
-        i for i in range(len(ids) - width + 1)
-        if ids[i] == block[0] and tuple(ids[i : i + width]) == block
-    ]  # fmt: skip
+def block_starts(ids: Sequence[int], chat: ChatTokenizer, images: Sequence[Any] = ()) -> list[int]:
+    """Where each image block starts in ``ids``, in order (one per image); see
+    ``blocks_in``."""
+    return [start for start, _ in blocks_in(ids, chat, images)]
 
 
-def _probe_size(processor: Any) -> int:
-    size = getattr(getattr(processor, "image_processor", None), "size", None) or {}
-    return int(size.get("longest_edge") or size.get("height") or 64)
+def blocks_in(
+    ids: Sequence[int], chat: ChatTokenizer, images: Sequence[Any] = ()
+) -> list[tuple[int, tuple[int, ...]]]:
+    """``(start, block)`` of each image block in ``ids``, in order, not overlapping. For a
+    ``VisionChat`` a block is any it has made (longest first): pass the ``images`` the
+    ids show (PIL) to make theirs first, else a fresh layer knows only its probe block."""
+    if images and isinstance(chat, VisionChat):
+        for image in images:
+            chat.blocks.of(image)
+    found = []
+    i = 0
+    while i < len(ids):
+        block = _block_at(ids, i, chat)
+        if block:
+            found.append((i, block))
+        i += len(block) or 1
+    return found
 
 
-def _find(ids: Sequence[int], part: Sequence[int], start: int = 0) -> int:
-    width = len(part)
-    for i in range(start, len(ids) - width + 1):
-        if list(ids[i : i + width]) == list(part):
-            return i
-    raise ValueError(f"the processor's ids do not hold the probe {part}")
+def _block_at(ids: Sequence[int], i: int, chat: ChatTokenizer) -> tuple[int, ...]:
+    """The image block starting at ``ids[i]``, or ``()``."""
+    known = chat.known_blocks() if isinstance(chat, VisionChat) else [chat.image_block]
+    for block in known:
+        if block and ids[i] == block[0] and tuple(ids[i : i + len(block)]) == block:
+            return block
+    return ()

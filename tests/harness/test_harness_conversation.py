@@ -82,6 +82,21 @@ def test_rewritten_tool_call_ids_still_extend():
     assert extension(KNOWN, [*resent, tool]) == [tool]
 
 
+def test_reasoning_edited_out_of_a_resent_turn_does_not_extend():
+    """An agent that strips the model's earlier reasoning from the history it resends
+    rewrites that history (a fork, docs/thinking.md); echoing a call turn without any
+    text is still the same turn."""
+    thought = {**ASSISTANT, "content": "<think>\nAdd them.\n</think>\n\n" + CALL_TEXT}
+    known = [SYSTEM, USER, thought]
+    assert extension(known, [SYSTEM, USER, {**thought, "content": CALL_TEXT}, TOOL]) is None
+    assert extension(known, [SYSTEM, USER, {**thought, "content": None}, TOOL]) == [TOOL]
+    answer = {"role": "assistant", "content": "<think>\nIt is 5.\n</think>\n\n5"}
+    follow_up = {"role": "user", "content": "and 3+4?"}
+    stripped = {**answer, "content": "5"}
+    assert extension([*known, TOOL, answer], [*known, TOOL, stripped, follow_up]) is None
+    assert extension([*known, TOOL, answer], [*known, TOOL, answer, follow_up]) == [follow_up]
+
+
 def test_same_message_compares_the_conversation_not_the_spelling():
     assert same_message(
         {"role": "assistant", "content": None}, {"role": "assistant", "content": ""}
