@@ -25,3 +25,13 @@ def test_every_module_in_tests_e2e_is_marked():
         if MARK not in path.read_text()
     ]
     assert unmarked == [], f"these would run with the unit tests: {unmarked}"
+
+
+def test_no_two_test_modules_share_a_name():
+    """Test modules import by basename (rootdir-relative, no packages): two of one name
+    fail the unit run's collection."""
+    seen: dict[str, list[str]] = {}
+    for path in sorted(TESTS.rglob("test_*.py")):
+        seen.setdefault(path.name, []).append(str(path.relative_to(TESTS)))
+    twice = {name: paths for name, paths in seen.items() if len(paths) > 1}
+    assert twice == {}, f"rename one of each: {twice}"
