@@ -82,7 +82,6 @@ class TransferSender:
         self._listener.settimeout(ACCEPT_TIMEOUT_S)
         self.port = int(self._listener.getsockname()[1])
         self.connections: list[socket.socket] = []
-        self.bytes_sent = 0
 
     def init_info(self) -> dict[str, Any]:
         return {"host": self.host, "port": self.port, "token": self.token}
@@ -118,7 +117,6 @@ class TransferSender:
                 for conn in self.connections:
                     send_tensor(conn, tensor)
                 sent += tensor.numel() * tensor.element_size()
-        self.bytes_sent += sent
         return sent
 
     def close(self) -> None:

@@ -12,6 +12,7 @@ plan the buckets from the same metadata, so no framing travels besides the bytes
 from __future__ import annotations
 
 import json
+import math
 import socket
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -34,10 +35,7 @@ class TensorMeta:
 
     @property
     def nbytes(self) -> int:
-        count = 1
-        for size in self.shape:
-            count *= size
-        return count * torch.empty((), dtype=self.dtype).element_size()
+        return math.prod(self.shape) * self.dtype.itemsize
 
 
 def dtype_name(dtype: torch.dtype) -> str:

@@ -72,6 +72,18 @@ class ToolCallParser(Protocol):
         ...
 
 
+def tools_section(tools: list[dict[str, Any]], *, ensure_ascii: bool = False) -> str:
+    """The opening of the tools section Hermes, GLM-4.5 and DeepSeek-V3 share: the
+    preamble and the schemas as JSON lines in ``<tools>`` tags; each format adds its call
+    format after it."""
+    listed = "\n".join(json.dumps(t, ensure_ascii=ensure_ascii) for t in tools)
+    return (
+        "# Tools\n\nYou may call one or more functions to assist with the user query.\n\n"
+        "You are provided with function signatures within <tools></tools> XML tags:\n"
+        f"<tools>\n{listed}\n</tools>\n\n"
+    )
+
+
 def placed(call: ParsedCall, start: int, end: int) -> ParsedCall:
     """``call`` with its place in the reply (``ToolCall.span``); an error has none: its
     text stays the reply's text."""

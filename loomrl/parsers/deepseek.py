@@ -25,6 +25,7 @@ from loomrl.parsers.base import (
     json_problem,
     placed,
     too_many,
+    tools_section,
 )
 
 CALLS_BEGIN, CALLS_END = "<｜tool▁calls▁begin｜>", "<｜tool▁calls▁end｜>"
@@ -99,11 +100,7 @@ class DeepSeekParser:
 
     def instructions(self, tools: list[dict[str, Any]]) -> str:
         """The tools as JSON lines and DeepSeek-V3's call format."""
-        listed = "\n".join(json.dumps(t, ensure_ascii=False) for t in tools)
-        return (
-            "# Tools\n\nYou may call one or more functions to assist with the user query.\n\n"
-            "You are provided with function signatures within <tools></tools> XML tags:\n"
-            f"<tools>\n{listed}\n</tools>\n\n"
+        return tools_section(tools) + (
             f"To call functions, write {CALLS_BEGIN}, then for each call "
             f"{CALL_BEGIN}function{SEP}<function_name>\n```json\n<arguments as JSON>\n```"
             f"{CALL_END}, and at the end {CALLS_END}."

@@ -12,7 +12,6 @@ anything else as JSON): it is converted by the type the tool's schema declares, 
 
 from __future__ import annotations
 
-import json
 import re
 from typing import Any
 
@@ -25,6 +24,7 @@ from loomrl.parsers.base import (
     parameter_schemas,
     placed,
     too_many,
+    tools_section,
 )
 from loomrl.parsers.qwen3_coder import _Mismatch, convert
 
@@ -89,11 +89,7 @@ class GlmParser:
 
     def instructions(self, tools: list[dict[str, Any]]) -> str:
         """GLM-4.5's tools section: the schemas as JSON lines and the call format."""
-        listed = "\n".join(json.dumps(t, ensure_ascii=False) for t in tools)
-        return (
-            "# Tools\n\nYou may call one or more functions to assist with the user query.\n\n"
-            "You are provided with function signatures within <tools></tools> XML tags:\n"
-            f"<tools>\n{listed}\n</tools>\n\n"
+        return tools_section(tools) + (
             "For each function call, output the function name and arguments within the "
             "following XML format:\n<tool_call>{function-name}\n"
             "<arg_key>{arg-key-1}</arg_key>\n<arg_value>{arg-value-1}</arg_value>\n"

@@ -2,11 +2,18 @@
 
 from __future__ import annotations
 
-import json
 import re
 from typing import Any
 
-from loomrl.parsers.base import MAX_CALLS, ParsedCall, Tools, decode_call, placed, too_many
+from loomrl.parsers.base import (
+    MAX_CALLS,
+    ParsedCall,
+    Tools,
+    decode_call,
+    placed,
+    too_many,
+    tools_section,
+)
 
 
 class HermesParser:
@@ -35,11 +42,7 @@ class HermesParser:
         return calls
 
     def instructions(self, tools: list[dict[str, Any]]) -> str:
-        listed = "\n".join(json.dumps(t) for t in tools)
-        return (
-            "# Tools\n\nYou may call one or more functions to assist with the user query.\n\n"
-            "You are provided with function signatures within <tools></tools> XML tags:\n"
-            f"<tools>\n{listed}\n</tools>\n\n"
+        return tools_section(tools, ensure_ascii=True) + (
             "For each function call, return a json object with function name and arguments "
             "within <tool_call></tool_call> XML tags:\n<tool_call>\n"
             '{"name": <function-name>, "arguments": <args-json-object>}\n</tool_call>'

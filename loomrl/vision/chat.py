@@ -59,8 +59,9 @@ class VisionChat(ChatTokenizer):
         add_generation_prompt: bool,
     ) -> str:
         """The template's text; the sizes of its images are kept for ``encode``."""
-        text = super().render(messages, tools, add_generation_prompt=add_generation_prompt)
-        sizes = tuple(image_sizes(self._placeholders(messages)))
+        reduced = self._placeholders(messages)  # images read once: later calls see sizes
+        text = super().render(reduced, tools, add_generation_prompt=add_generation_prompt)
+        sizes = tuple(image_sizes(reduced))
         if sizes:
             self._memo().put(text, sizes)
             self._local.last = (text, sizes)

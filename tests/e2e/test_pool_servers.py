@@ -70,25 +70,33 @@ class ServeCommand:
             self.process.wait(timeout=60)
 
 
-@pytest.fixture(scope="module")
-def servers():
-    started: list[ServeCommand] = []
+@contextlib.contextmanager
+def started(count: int, *extra: str):
+    """``count`` servers from ``loomrl serve`` (with ``extra`` flags); stopped after, with
+    nothing of theirs left running."""
+    servers: list[ServeCommand] = []
     family: list[psutil.Process] = []
     try:
-        started += [ServeCommand(), ServeCommand()]
+        servers += [ServeCommand(*extra) for _ in range(count)]
         family = [
-            p for s in started
+            p for s in servers
             for p in [psutil.Process(s.pid), *psutil.Process(s.pid).children(recursive=True)]
         ]  # fmt: skip
-        yield started
+        yield servers
     finally:
-        for server in started:
+        for server in servers:
             server.stop()
         _, alive = psutil.wait_procs(family, timeout=15)  # a stopped server's processes exit
         for left in alive:  # a failed check: end what outlived the stop, then say so
             with contextlib.suppress(psutil.NoSuchProcess):
                 left.kill()
     assert not alive, [" ".join(p.cmdline())[:100] for p in alive if p.is_running()]
+
+
+@pytest.fixture(scope="module")
+def servers():
+    with started(2) as both:
+        yield both
 
 
 def port_is_free(port: int) -> bool:

@@ -18,11 +18,10 @@ import threading
 import urllib.request
 from pathlib import Path
 
-import psutil
 import pytest
 import torch
 from crash import run_session
-from test_pool_servers import ServeCommand
+from test_pool_servers import started
 from test_weight_sync import SEQUENCE, learner_logprobs, learner_model
 
 from loomrl.engines.remote import RemoteEngine
@@ -41,27 +40,6 @@ checkpoint_every = 3
 lr = 1e-3
 """
 TOLERANCE = 1e-4
-
-
-@contextlib.contextmanager
-def started(count: int):
-    """``count`` fp32 servers from ``loomrl serve``; stopped after, nothing left running."""
-    servers: list[ServeCommand] = []
-    try:
-        servers += [ServeCommand("--dtype", "float32") for _ in range(count)]
-        family = [
-            p for s in servers
-            for p in [psutil.Process(s.pid), *psutil.Process(s.pid).children(recursive=True)]
-        ]  # fmt: skip
-        yield servers
-    finally:
-        for server in servers:
-            server.stop()
-    _, alive = psutil.wait_procs(family, timeout=15)
-    for left in alive:
-        with contextlib.suppress(psutil.NoSuchProcess):
-            left.kill()
-    assert not alive
 
 
 async def sharpen(url: str, weight_sync: str = "transfer") -> torch.Tensor:
@@ -115,7 +93,7 @@ def test_train_and_serve_as_two_processes_sync_with_no_weight_file(tmp_path):
     tmp = tmp_path / "tmp"
     tmp.mkdir()
     shm = [Path("/dev/shm")] if Path("/dev/shm").is_dir() else []
-    with started(1) as (server,):
+    with started(1, "--dtype", "float32") as (server,):
         with WeightFileWatch(tmp, *shm) as control:  # the watch sees the file fallback's file
             before = asyncio.run(sharpen(server.url, weight_sync="file"))
         assert control.seen or not shm
@@ -149,7 +127,7 @@ async def test_a_pool_of_two_servers_matches_the_learner_after_every_sync(tmp_pa
     from loomrl.run.trainer import Trainer
     from loomrl.train.config import TrainConfig
 
-    with started(2) as servers:
+    with started(2, "--dtype", "float32") as servers:
         urls = [s.url for s in servers]
         before = [await sharpen(url) for url in urls]
         config = TrainConfig(
