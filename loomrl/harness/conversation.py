@@ -6,16 +6,23 @@ and adds messages of the environment's side (tool results, user turns) *extends*
 only those become glue tokens. Anything else (an edited, dropped or compacted message,
 an assistant message the model did not write, other tools) *rewrites* it: the episode
 forks into a new segment rendered afresh (``Trajectory.fork``).
+
+Calls are answered with ids in the format's form (``loomrl.parsers.call_id``, as
+``ToolEnv`` makes them), and the model's turns keep them as structure beside their text,
+so that templates that render calls and results from structure (Mistral checks the ids,
+gpt-oss names a result by its call) render the glue; a client's renamed ids are read back
+as the ids its calls were answered with.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 from collections.abc import Callable, Sequence
 from typing import Any
 
 from loomrl.harness.protocol import ChatRequest
-from loomrl.parsers import ToolCall, ToolCallError, ToolCallParser
+from loomrl.parsers import ToolCall, ToolCallError, ToolCallParser, template_messages
 
 Message = dict[str, Any]
 
@@ -73,17 +80,18 @@ def rendered(
     tools: list[dict[str, Any]] | None,
     parser: ToolCallParser,
     tools_in_prompt: bool,
+    fresh_id: Callable[[str | None], str] = lambda given: given or "",
 ) -> list[Message]:
-    """The conversation the chat template renders: tool calls of assistant messages as
-    the model writes them (the model's own replies already hold theirs as text), and,
-    with ``tools_in_prompt``, the tool listing in the system message."""
-    out: list[Message] = []
-    for message in messages:
-        text = _calls_text(parser, message)
-        message = {k: v for k, v in message.items() if k != "tool_calls"}
-        if text:
-            message["content"] = f"{message['content']}{text}"
-        out.append(message)
+    """The conversation the chat template renders: every call id in the format's form
+    (``fresh_id(id)``: kept where the format takes it, see ``loomrl.parsers.call_id``),
+    tool results answering those ids; assistant tool calls as structure (``structured``)
+    or as the text the model writes; with ``tools_in_prompt``, the tool listing in the
+    system message."""
+    out = with_format_ids(messages, fresh_id)
+    if structured(parser, tools_in_prompt):
+        out = template_messages([as_template(m) for m in out], parser, tools)
+    else:
+        out = [_as_text(parser, m) for m in out]
     if tools and tools_in_prompt:
         listing = parser.instructions(list(tools))
         if out[0]["role"] == "system":
@@ -91,6 +99,73 @@ def rendered(
         else:
             out.insert(0, {"role": "system", "content": listing})
     return out
+
+
+def structured(parser: ToolCallParser, tools_in_prompt: bool) -> bool:
+    """Whether a rendered conversation gives the template its tool calls as structure
+    (text outside the calls as ``content``): when the template takes the tools (it is
+    tool-aware), or when the format reads replies by rules of its own (gpt-oss's
+    channels, which its template refuses as text; Mistral's). Else the model's text
+    stays as it wrote it, calls included, which any template renders."""
+    return not tools_in_prompt or getattr(parser, "read", None) is not None
+
+
+def with_format_ids(
+    messages: Sequence[Message], fresh_id: Callable[[str | None], str]
+) -> list[Message]:
+    """``messages`` (copies) with each call's id ``fresh_id(its id)`` and each tool result
+    answering the new id of its call (one that answers no call: ``fresh_id(its id)``), so
+    that templates that check ids (Mistral: 9 letters or digits) render them."""
+    ids: dict[str, str] = {}
+    out: list[Message] = []
+    for message in messages:
+        message = dict(message)
+        if message.get("tool_calls"):
+            calls = []
+            for call in message["tool_calls"]:
+                given = call.get("id") or None
+                ids[call.get("id") or ""] = new = fresh_id(given)
+                calls.append({**call, "id": new})
+            message["tool_calls"] = calls
+        elif message["role"] == "tool" and isinstance(message.get("tool_call_id"), str):
+            given = message["tool_call_id"]
+            message["tool_call_id"] = ids.get(given) or fresh_id(given or None)
+        out.append(message)
+    return out
+
+
+def echoed_ids(known: Sequence[Message], sent: Sequence[Message]) -> dict[str, str]:
+    """The ids a client gave the calls it resent (it may rewrite them) -> the ids those
+    calls have in ``known``; ``sent`` extends ``known``."""
+    ids: dict[str, str] = {}
+    for mine, theirs in zip(known, sent, strict=False):
+        for a, b in zip(mine.get("tool_calls") or [], theirs.get("tool_calls") or [], strict=False):
+            ids[b["id"]] = a["id"]
+    return ids
+
+
+def as_template(message: Message) -> Message:
+    """An assistant message's calls as chat templates take them: ``arguments`` decoded
+    (the wire form is JSON text; templates write the object); others unchanged."""
+    if not message.get("tool_calls"):
+        return message
+    calls = []
+    for call in message["tool_calls"]:
+        function = dict(call["function"])
+        with contextlib.suppress(TypeError, ValueError):  # an object, or text that is no
+            function["arguments"] = json.loads(function["arguments"])  # JSON: as it came
+        calls.append({**call, "function": function})
+    return {**message, "tool_calls": calls}
+
+
+def _as_text(parser: ToolCallParser, message: Message) -> Message:
+    """``message`` without its structured calls, their text in its content (the model's
+    own replies hold theirs already)."""
+    text = _calls_text(parser, message)
+    message = {k: v for k, v in message.items() if k != "tool_calls"}
+    if text:
+        message["content"] = f"{message['content']}{text}"
+    return message
 
 
 def _calls_text(parser: ToolCallParser, message: Message) -> str:
@@ -108,11 +183,13 @@ def answer_message(
     text: str,
     parser: ToolCallParser,
     tools: list[dict[str, Any]] | None,
-    call_id: Callable[[], str],
+    call_id: Callable[[str | None], str],
 ) -> tuple[Message, int]:
     """The assistant message for the model's reply ``text``: ``content`` is the whole
     text, ``tool_calls`` the calls the parser reads in it (when tools were offered), each
-    with a new ``call_id()``; and how many call attempts were malformed."""
+    with the id ``call_id(the id the model wrote, or None)`` gives (the format's form, as
+    ``ToolEnv`` gives them: Mistral's templates check it); and how many call attempts
+    were malformed."""
     message: Message = {"role": "assistant", "content": text}
     if not tools:
         return message, 0
@@ -124,7 +201,7 @@ def answer_message(
             continue
         calls.append(
             {
-                "id": call_id(),
+                "id": call_id(attempt.id),
                 "type": "function",
                 "function": {"name": attempt.name, "arguments": json.dumps(attempt.arguments)},
             }

@@ -32,7 +32,14 @@ from loomrl.envs.base import (
     call,
     split_score,
 )
-from loomrl.harness.conversation import answer_message, before_stop, extension, rendered
+from loomrl.harness.conversation import (
+    answer_message,
+    as_template,
+    before_stop,
+    echoed_ids,
+    extension,
+    rendered,
+)
 from loomrl.harness.program import HarnessFunction, HarnessRun, Program, ProgramExit
 from loomrl.harness.protocol import Answer, ChatRequest
 from loomrl.harness.server import HarnessServer
@@ -67,6 +74,7 @@ class _Episode:
     reported: dict[str, int] = field(default_factory=dict)  # counts already sent as metrics
     extended: int = 0  # later requests that extended the conversation
     forked: int = 0  # ... and that rewrote it
+    calls: int = 0  # call ids made so far (in the format's form: ``_call_id``)
 
 
 class HarnessEnv(Environment):
@@ -140,7 +148,7 @@ class HarnessEnv(Environment):
             raise
         session.api, session.tools = list(request.messages), request.tools
         return EnvState(
-            messages=rendered(request.messages, request.tools, self.parser, self.tools_in_prompt),
+            messages=self._rendered(episode, request),
             example=example,
             tools=None if self.tools_in_prompt else request.tools,
             data={"episode": episode},
@@ -163,7 +171,11 @@ class HarnessEnv(Environment):
         assert request is not None
         offered = session.tools if request.tool_choice == "auto" else None
         text = before_stop(message["content"], request.stop, request.keep_stop)
-        api_message, invalid = answer_message(text, self.parser, offered, _call_id)
+        api_message, invalid = answer_message(
+            text, self.parser, offered, lambda given: self._call_id(episode, given)
+        )
+        if api_message.get("tool_calls"):  # the turn read as structure, beside its text
+            message["tool_calls"] = as_template(api_message)["tool_calls"]
         session.api.append(api_message)
         turn, episode.turn = episode.turn, None
         session.answer(self._answer(api_message, turn, request))
@@ -180,13 +192,16 @@ class HarnessEnv(Environment):
             session.api, session.tools = list(request.messages), request.tools
             if not self.tools_in_prompt:
                 state.tools = request.tools
-            messages = rendered(request.messages, request.tools, self.parser, self.tools_in_prompt)
+            messages = self._rendered(episode, request)
             info = {"metrics": self._counts(episode, counts)}
             return EnvStep(messages=messages, done=False, fork=True, info=info)
+        ids = echoed_ids(session.api, request.messages)  # the calls' ids, as answered
         session.api += added
         episode.extended += 1
         counts["harness/extended"] = 1
-        replies = rendered(added, None, self.parser, False)
+        replies = rendered(
+            added, None, self.parser, False, lambda given: self._call_id(episode, given, ids)
+        )
         return EnvStep(
             messages=replies, done=False, info={"metrics": self._counts(episode, counts)}
         )
@@ -224,6 +239,29 @@ class HarnessEnv(Environment):
         return [{"id": i, **rows[i % len(rows)]} for i in range(n)] if rows else []
 
     # -- helpers -----------------------------------------------------------------------------
+    def _rendered(self, episode: _Episode, request: ChatRequest) -> list[Message]:
+        """A request's whole conversation as the chat template renders it."""
+        return rendered(
+            request.messages,
+            request.tools,
+            self.parser,
+            self.tools_in_prompt,
+            lambda given: self._call_id(episode, given),
+        )
+
+    def _call_id(
+        self, episode: _Episode, given: str | None, echoed: dict[str, str] | None = None
+    ) -> str:
+        """The id of a call (or of the call a tool result answers) that a client or the
+        model gave ``given``: the id it was answered with (``echoed``: a client may rewrite
+        ids), kept where the format takes it, else the episode's next in the format's form
+        (``loomrl.parsers.call_id``; Mistral's templates check it)."""
+        given = (echoed or {}).get(given or "", given)
+        made = parsers.call_id(self.parser, episode.calls + 1, given)
+        if made != given:
+            episode.calls += 1
+        return made
+
     async def _next(self, episode: _Episode) -> ChatRequest | None:
         """The program's next request; None when it ended; its failure or the episode's
         timeout raise (the program is killed on the way out)."""
@@ -276,10 +314,6 @@ class HarnessEnv(Environment):
             counts[f"harness/{key}"] = total - episode.reported.get(key, 0)
             episode.reported[key] = total
         return counts
-
-
-def _call_id() -> str:
-    return f"call_{uuid.uuid4().hex[:24]}"
 
 
 def _failure(program: Program) -> str | None:

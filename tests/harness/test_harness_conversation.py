@@ -137,7 +137,7 @@ def test_harness_written_tool_calls_get_hermes_blocks():
         "content": "Let me add.",
         "tool_calls": [call("c1"), call("c2", '{"a": 1, "b": 1}')],
     }
-    (out,) = rendered([written], None, HERMES, tools_in_prompt=False)
+    (out,) = rendered([written], None, HERMES, tools_in_prompt=True)  # tools as text
     assert "tool_calls" not in out and out["role"] == "assistant"
     assert out["content"] == (
         "Let me add."
@@ -152,16 +152,36 @@ def test_harness_written_tool_calls_get_hermes_blocks():
 
 
 def test_the_models_own_reply_is_rendered_as_it_wrote_it():
-    (out,) = rendered([ASSISTANT], None, HERMES, tools_in_prompt=False)
+    (out,) = rendered([ASSISTANT], None, HERMES, tools_in_prompt=True)
     assert out == {"role": "assistant", "content": CALL_TEXT}
-    (tool,) = rendered([TOOL], None, HERMES, tools_in_prompt=False)
+    (tool,) = rendered([TOOL], None, HERMES, tools_in_prompt=True)
     assert tool == TOOL
+
+
+def test_a_tool_aware_template_gets_the_calls_as_structure():
+    """With the tools passed to the template (or a format with rules of its own, as
+    Mistral's and gpt-oss's), calls stay structure: arguments decoded, the text outside
+    them as content, ids in the format's form and the tool results answering them."""
+    out = rendered([USER, ASSISTANT, TOOL], TOOLS, HERMES, tools_in_prompt=False)
+    decoded = {**call("call_A"), "function": {"name": "add", "arguments": {"a": 2, "b": 3}}}
+    assert out[1] == {"role": "assistant", "content": "", "tool_calls": [decoded]}
+    assert out[2] == TOOL
+    assert ASSISTANT["tool_calls"][0]["function"]["arguments"] == '{"a": 2, "b": 3}'  # a copy
+    mistral = parsers.get("mistral")
+    text = '[TOOL_CALLS] [{"name": "add", "arguments": {"a": 2, "b": 3}}]'
+    turn = {"role": "assistant", "content": text, "tool_calls": [call("call_A")]}
+    ids = iter(["call00001", "call00002"])
+    out = rendered([USER, turn, TOOL, {**TOOL, "tool_call_id": "lost"}], None, mistral, True,
+                   lambda given: given if given == "a1B2c3D4e" else next(ids))  # fmt: skip
+    assert out[1]["tool_calls"][0]["id"] == out[2]["tool_call_id"] == "call00001"
+    assert out[3]["tool_call_id"] == "call00002"  # answers no call: an id of its own
+    assert out[1]["content"] == "" and "tool_calls" in turn
 
 
 # -- answer_message ---------------------------------------------------------------------------
 def ids():
     counter = itertools.count()
-    return lambda: f"call_{next(counter)}"
+    return lambda given: given or f"call_{next(counter)}"
 
 
 def test_a_reply_with_calls_gets_tool_calls_with_fresh_ids():
