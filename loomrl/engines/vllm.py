@@ -23,10 +23,9 @@ import psutil
 from loomrl import lifeline
 from loomrl.engines.base import check_prompt, tokens_left
 from loomrl.engines.lora_adapter import vllm_rank
-from loomrl.engines.transfer_sender import TransferLink
 from loomrl.engines.vllm_close import shut_down
 from loomrl.engines.vllm_cpu import one_process, uni_executor
-from loomrl.engines.vllm_sync import TRANSFER_CONFIG, check_weight_sync
+from loomrl.engines.vllm_sync import NATIVE_SYNCS, sync_link, transfer_config
 from loomrl.engines.vllm_weights import EngineWeights, version_spans
 from loomrl.hardware import cpu_has_native_bf16
 from loomrl.models import is_vision, resolve
@@ -100,8 +99,13 @@ class VLLMEngine(EngineWeights):
         engine_args.setdefault("worker_extension_cls", WEIGHT_LOADER)
         if lora_rank is not None:  # syncs may load LoRA adapters (the old one and the new)
             engine_args.update(enable_lora=True, max_lora_rank=vllm_rank(lora_rank), max_loras=2)
-        if check_weight_sync(weight_sync) == "transfer":
-            engine_args.setdefault("weight_transfer_config", dict(TRANSFER_CONFIG))
+        if weight_sync in NATIVE_SYNCS and on_cpu:
+            raise ValueError(
+                f'weight_sync = "{weight_sync}" is vLLM\'s GPU backend; this vLLM runs on the '
+                'CPU: use weight_sync = "transfer"'
+            )
+        if (transfer := transfer_config(weight_sync)) is not None:
+            engine_args.setdefault("weight_transfer_config", transfer)
         args = AsyncEngineArgs(
             model=str(self.model_path),
             max_model_len=context,
@@ -128,7 +132,7 @@ class VLLMEngine(EngineWeights):
         self._closed = False
         self._tokenizer: Any = None
         self.weight_sync = weight_sync
-        self._link = TransferLink("127.0.0.1") if weight_sync == "transfer" else None
+        self._link = sync_link(weight_sync, "127.0.0.1")
         self._adapter = None
         self._adapter_ids = itertools.count(1)
 

@@ -2,8 +2,9 @@
 
 ``weight_sync = "transfer"`` (the default) streams them through vLLM's weight-transfer
 API into loomrl's ``loomrl_tcp`` backend (``transfer_worker``), bucket by bucket; nothing
-is written to disk. ``"file"`` writes one safetensors file (in ``/dev/shm`` where the OS
-has it) that the workers read through ``collective_rpc``: the explicit fallback.
+is written to disk. ``"nccl"`` and ``"ipc"`` take vLLM's own backends, for engines on
+GPUs (``transfer_native``). ``"file"`` writes one safetensors file (in ``/dev/shm`` where
+the OS has it) that the workers read through ``collective_rpc``: the explicit fallback.
 """
 
 from __future__ import annotations
@@ -16,15 +17,39 @@ from typing import TYPE_CHECKING, Any, Literal
 if TYPE_CHECKING:
     import torch
 
-WeightSync = Literal["transfer", "file"]
-WEIGHT_SYNCS: tuple[str, ...] = ("transfer", "file")
+WeightSync = Literal["transfer", "file", "nccl", "ipc"]
+WEIGHT_SYNCS: tuple[str, ...] = ("transfer", "file", "nccl", "ipc")
 TRANSFER_CONFIG = {"backend": "loomrl_tcp"}
+NATIVE_SYNCS: tuple[str, ...] = ("nccl", "ipc")  # vLLM's own backends, GPU engines only
+
+
+def transfer_config(weight_sync: str) -> dict[str, str] | None:
+    """The ``weight_transfer_config`` an engine starts with for ``weight_sync``."""
+    if check_weight_sync(weight_sync) == "transfer":
+        return dict(TRANSFER_CONFIG)
+    return {"backend": weight_sync} if weight_sync in NATIVE_SYNCS else None
 
 
 def check_weight_sync(value: str) -> WeightSync:
     if value not in WEIGHT_SYNCS:
         raise ValueError(f"weight_sync must be one of {', '.join(WEIGHT_SYNCS)}, not {value!r}")
     return value  # type: ignore[return-value]
+
+
+def sync_link(weight_sync: str, peer: str) -> Any:
+    """How an engine reached at ``peer`` takes full weights: a ``TransferLink``
+    (``loomrl_tcp``), a ``NativeLink`` (vLLM's NCCL or IPC; CUDA on this side, checked
+    here), or None (the file)."""
+    if check_weight_sync(weight_sync) == "transfer":
+        from loomrl.engines.transfer_sender import TransferLink
+
+        return TransferLink(peer)
+    if weight_sync in NATIVE_SYNCS:
+        from loomrl.engines.transfer_native import NativeLink, check_native
+
+        check_native(weight_sync)
+        return NativeLink(weight_sync, peer)
+    return None
 
 
 async def open_transfer(llm: Any, init_info: dict[str, Any]) -> int:
@@ -38,10 +63,20 @@ async def open_transfer(llm: Any, init_info: dict[str, Any]) -> int:
 async def receive_transfer(llm: Any, update_info: dict[str, Any]) -> None:
     """One sync's tensors into the paused engine's workers, with the caches the old
     weights filled cleared after."""
+    await llm.start_weight_update()
+    await update_weights(llm, update_info)
+    await finish_weight_update(llm)
+
+
+async def update_weights(llm: Any, update_info: dict[str, Any]) -> None:
     from vllm.distributed.weight_transfer.base import WeightTransferUpdateRequest
 
-    await llm.start_weight_update()
     await llm.update_weights(WeightTransferUpdateRequest(update_info=update_info))
+
+
+async def finish_weight_update(llm: Any) -> None:
+    """The workers' reload finished; the caches the old weights filled (encoder outputs
+    of images, LoRA state) cleared."""
     await llm.finish_weight_update()
     await llm.collective_rpc("loomrl_reset_caches")
 

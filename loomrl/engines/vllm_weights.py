@@ -23,15 +23,18 @@ from typing import TYPE_CHECKING, Any
 
 from loomrl.engines.lora_adapter import Adapter
 from loomrl.engines.vllm_sync import (
+    finish_weight_update,
     load_weight_file,
     open_transfer,
     receive_transfer,
     shared_memory_dir,
+    update_weights,
 )
 
 if TYPE_CHECKING:
     import torch
 
+    from loomrl.engines.transfer_native import NativeLink
     from loomrl.engines.transfer_sender import TransferLink
 
 
@@ -41,7 +44,7 @@ class EngineWeights:
 
     _llm: Any
     _policy_version: int
-    _link: TransferLink | None
+    _link: TransferLink | NativeLink | None
     _updating: asyncio.Event | None
     _adapter: tuple[Any, str] | None  # the loaded LoRARequest and its directory
     _adapter_ids: itertools.count[int]
@@ -71,9 +74,10 @@ class EngineWeights:
         and keep their tokens, all from the old weights), or with ``keep`` continue under
         the new weights (each version's tokens a span of their own); the prefix cache,
         whose KV came from the old weights, is cleared.
-        Weights stream through vLLM's weight-transfer API (``weight_sync="transfer"``) or
-        go as one file (``"file"``); an adapter is loaded as a vLLM LoRA adapter named
-        after its version. ``policy_version`` becomes ``version`` (default: one more).
+        Weights stream through vLLM's weight-transfer API (``weight_sync="transfer"``;
+        ``"nccl"``, ``"ipc"`` on GPUs) or go as one file (``"file"``); an adapter is
+        loaded as a vLLM LoRA adapter named after its version. ``policy_version`` becomes
+        ``version`` (default: one more).
         """
         start = time.perf_counter()
         new = self._policy_version + 1 if version is None else version
@@ -98,6 +102,25 @@ class EngineWeights:
         """One sync through the transfer, as ``update_weights`` describes."""
         async with self._paused(version, keep):
             await receive_transfer(self._llm, update_info)
+
+    # vLLM's trainer-side engines (NCCL, IPC: ``transfer_native.NativeTarget``) --------------
+    def paused_for_sync(self, version: int, keep: bool) -> contextlib.AbstractAsyncContextManager:
+        return self._paused(version, keep)
+
+    async def transfer_workers(self) -> int:
+        return int(self._llm.vllm_config.parallel_config.world_size)
+
+    async def transfer_init(self, init_info: dict[str, Any]) -> None:
+        await open_transfer(self._llm, init_info)
+
+    async def transfer_start(self) -> None:
+        await self._llm.start_weight_update()
+
+    async def transfer_update(self, update_info: dict[str, Any]) -> None:
+        await update_weights(self._llm, update_info)
+
+    async def transfer_finish(self) -> None:
+        await finish_weight_update(self._llm)
 
     async def _load_adapter(self, adapter: Adapter, version: int) -> None:
         """``adapter`` as the adapter every request runs with; the one before it unloaded."""

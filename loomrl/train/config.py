@@ -228,7 +228,7 @@ class TrainConfig(BaseModel):
     sync_weights_interval: int = Field(
         1, ge=1, description="push the policy into the engine every k steps"
     )
-    weight_sync: Literal["transfer", "file"] = devices.WEIGHT_SYNC
+    weight_sync: Literal["transfer", "file", "nccl", "ipc"] = devices.WEIGHT_SYNC
     colocate: bool = devices.COLOCATE
     sleep_level: Literal[1, 2] = devices.SLEEP_LEVEL
     critic: bool | None = Field(

@@ -57,6 +57,7 @@ def check_knobs(config: TrainConfig) -> None:
             )
     check_sharded(config)
     check_colocate(config)
+    check_native_sync(config)
     if config.lora is not None and config.lora.sync == "adapter" and has_remote(config.engines):
         raise ValueError(
             "lora.sync = 'adapter' loads each adapter into an in-process engine (or a [ray] "
@@ -94,6 +95,30 @@ def check_colocate(config: TrainConfig) -> None:
         raise ValueError(
             "sleep_level = 2 drops the engine's weights while the learner trains: "
             "sync_weights_interval must be 1 (every wake-up takes new ones)"
+        )
+
+
+def check_native_sync(config: TrainConfig) -> None:
+    """vLLM's own backends move weights between GPUs this process drives: CUDA IPC maps the
+    learner's tensors into a colocated engine on the same GPU, NCCL joins the learner's
+    GPU to an in-process engine's others. Servers and Ray actors take the TCP transfer."""
+    sync = config.weight_sync
+    if sync not in ("nccl", "ipc"):
+        return
+    if sync == "ipc" and not config.colocate:
+        raise ValueError(
+            "weight_sync = 'ipc' maps the learner's tensors into an engine on the same GPU: "
+            "it needs colocate = true (an engine on other GPUs: 'nccl')"
+        )
+    if sync == "nccl" and config.colocate:
+        raise ValueError(
+            "weight_sync = 'nccl' joins the learner's GPU to the engine's; a colocated engine "
+            "shares the learner's GPU: use weight_sync = 'ipc'"
+        )
+    if has_remote(config.engines) or config.ray is not None:
+        raise ValueError(
+            f"weight_sync = '{sync}' sends into in-process engines: servers and [ray] engine "
+            "actors take weight_sync = 'transfer' (any host) or 'file'"
         )
 
 

@@ -27,7 +27,9 @@ MICRO_BATCH_TOKENS: Any = Field(
     "loomrl.train.budget)",
 )
 WEIGHT_SYNC: Any = Field(
-    "transfer", description="weights to engines: vLLM's transfer API, or a shared file"
+    "transfer",
+    description="weights to engines: vLLM's transfer API over TCP (any host), its NCCL or "
+    "CUDA IPC backends (GPU engines), or a shared file",
 )
 COLOCATE: Any = Field(
     False, description="the in-process engine sleeps (vLLM sleep mode) while the learner trains"

@@ -18,7 +18,6 @@ from typing import Any
 import pytest
 import torch
 from families import EXAMPLE, FAMILIES, calculator, check_episode, family_tokenizer, replies
-from family_force import SCRIPT
 from family_models import build
 
 import loomrl
@@ -80,6 +79,8 @@ async def engines(tokenizer, tmp_path_factory):
 
 def forced(engine: VLLMEngine, scripts: list[list[int]], prompts: list[list[int]]) -> Any:
     """``engine`` whose n-th request samples ``scripts[n]`` (its prompt kept in ``prompts``)."""
+    from family_force import SCRIPT  # imports vLLM: not at the unit run's collection
+
     generate, vllm_params = engine.generate, engine._vllm_params
 
     async def scripted_generate(prompt_ids, params, request_id=None, **kwargs):

@@ -131,3 +131,31 @@ async def test_a_kept_request_goes_on_under_the_new_weights_in_spans(engine):
     recomputed = batch.per_sample(compute_logprobs(model, batch))[0]
     gap = (recomputed - torch.tensor(out.logprobs)).abs()
     assert gap[cut:].mean() < 0.05 and gap[:cut].mean() > 0.2
+
+
+async def test_vllms_trainer_engine_path_syncs_a_real_engine(engine):
+    """``NativeLink`` (vLLM's NCCL and IPC trainer engines on GPUs) drives the engine's
+    side through its client from the trainer engine's threads: here a trainer engine that
+    speaks loomrl_tcp stands in for NCCL (no GPU), into the real workers. Last in the
+    module: it takes the workers' connection from the engine's own link."""
+    from tcp_trainer import TcpTrainerInit, register
+
+    from loomrl.engines.transfer_native import NativeLink
+
+    register()
+    native = NativeLink(
+        "loomrl_test_tcp", init_info=lambda workers: TcpTrainerInit(workers=workers, rank=0),
+        device=torch.device("cpu"),
+    )  # fmt: skip
+    try:
+        for seed, version in ((6, 21), (7, 22)):  # the second sync reuses the rendezvous
+            model = learner_model(seed=seed)
+            before = torch.tensor(await engine.score(SEQUENCE))
+            await native.push(engine, model.state_dict(), engine.dtype, version)
+            assert engine.policy_version == version
+            after = torch.tensor(await engine.score(SEQUENCE))
+            gap = (after - learner_logprobs(model)).abs()
+            assert gap.max() < 0.25 and gap.mean() < 0.05  # bf16 activations, as above
+            assert (after - before).abs().max() > 1.0
+    finally:
+        native.close()
