@@ -54,11 +54,17 @@ def add_parser(sub: Any) -> None:
         help="other vLLM engine arguments, one quoted string (checked against vLLM's own "
         "list before the server starts), e.g. --vllm-args='--cpu-offload-gb 2'",
     )  # fmt: skip
+    sv.add_argument(
+        "--weight-transfer", choices=["loomrl_tcp", "nccl"], default="loomrl_tcp",
+        help="how trainers' weight syncs come in: loomrl_tcp (weight_sync = 'transfer', any "
+        "host, default) or vLLM's NCCL backend (weight_sync = 'nccl', GPUs on both sides)",
+    )  # fmt: skip
     sv.set_defaults(func=cmd_serve)
 
 
 def _check(args: argparse.Namespace) -> None:
     from loomrl.engines.serve import server_command
+    from loomrl.engines.serve_flags import GpuFlags
     from loomrl.engines.serve_flags import check as check_flags
     from loomrl.engines.serve_guard import is_loopback
     from loomrl.models import check_spec
@@ -77,7 +83,9 @@ def _check(args: argparse.Namespace) -> None:
         )
     check_spec(args.model)
     try:
-        check_flags(gpu_flags(args), server_command(args.model, host=args.host, port=args.port))
+        transfer = GpuFlags(weight_transfer=args.weight_transfer)  # refused on a CPU
+        command = server_command(args.model, host=args.host, port=args.port, gpu=transfer)
+        check_flags(gpu_flags(args), command)
     except ValueError as exc:
         raise UsageError(str(exc)) from None
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
@@ -90,7 +98,10 @@ def _check(args: argparse.Namespace) -> None:
 def gpu_flags(args: argparse.Namespace) -> Any:
     from loomrl.engines.serve_flags import GpuFlags
 
-    return GpuFlags.parse(args.tensor_parallel_size, args.gpu_memory_utilization, args.vllm_args)
+    return GpuFlags.parse(
+        args.tensor_parallel_size, args.gpu_memory_utilization, args.vllm_args,
+        args.weight_transfer,
+    )  # fmt: skip
 
 
 def cmd_serve(args: argparse.Namespace) -> int:

@@ -49,14 +49,12 @@ from loomrl.engines.remote_images import (
 )
 from loomrl.engines.remote_sampling import NEUTRAL, sampling_fields
 from loomrl.engines.remote_weights import (
+    RemoteTransfer,
     load_weights,
-    open_transfer,
-    receive_transfer,
     require_rl_routes,
     reset_prefix_cache,
 )
-from loomrl.engines.transfer_sender import TransferLink
-from loomrl.engines.vllm_sync import check_weight_sync
+from loomrl.engines.vllm_sync import sync_link
 from loomrl.types import Completion, SamplingParams
 
 if TYPE_CHECKING:
@@ -79,7 +77,7 @@ class _Pending:
     task: asyncio.Task[None] | None = None
 
 
-class RemoteEngine:
+class RemoteEngine(RemoteTransfer):
     """An engine over HTTP. ``model`` (a loomrl model spec or local HF directory) names
     the run's model: ``check()`` refuses a server serving anything else, and its
     tokenizer becomes ``engine.tokenizer``. Without it nothing is compared and the
@@ -119,7 +117,7 @@ class RemoteEngine:
         self._tokenizer: Any = None
         self._images: ImageRequests | None = None
         host = urlsplit(self.url).hostname or "127.0.0.1"
-        self._link = TransferLink(host) if check_weight_sync(weight_sync) == "transfer" else None
+        self._link = sync_link(weight_sync, host)
 
     # -- what the rollout layer reads -------------------------------------------------
 
@@ -346,9 +344,10 @@ class RemoteEngine:
         ``finish_reason="abort"`` and keep their tokens, all from the old weights), takes
         the weights, clears its prefix cache and resumes. ``weight_sync="transfer"``
         streams them over a connection the server's workers open to this process (any
-        host that can reach this one); ``"file"`` writes a safetensors file the server
-        reads (it must share this machine's ``/dev/shm``). ``policy_version`` becomes
-        ``version`` (default: one more). Returns seconds taken.
+        host that can reach this one); ``"nccl"`` through vLLM's NCCL backend (a server
+        started with ``--weight-transfer nccl``, GPUs on both sides); ``"file"`` writes a
+        safetensors file the server reads (it must share this machine's ``/dev/shm``).
+        ``policy_version`` becomes ``version`` (default: one more). Returns seconds taken.
         """
         server = require_rl_routes(await self.check(), self.url, weights)
         start = time.perf_counter()
@@ -359,18 +358,6 @@ class RemoteEngine:
             async with self._paused(new):
                 await load_weights(self._http, self.url, weights, server.torch_dtype())
         return time.perf_counter() - start
-
-    async def open_transfer(self, init_info: dict[str, Any]) -> int:
-        """The server's workers connect to a trainer's transfer (``TransferLink``)."""
-        return await open_transfer(self._http, self.url, init_info)
-
-    async def receive_transfer(
-        self, update_info: dict[str, Any], version: int, *, keep: bool = False
-    ) -> None:
-        """One sync through the transfer, as ``update_weights`` describes (never ``keep``:
-        the OpenAI routes do not say which weights sampled which token)."""
-        async with self._paused(version):
-            await receive_transfer(self._http, update_info)
 
     @contextlib.asynccontextmanager
     async def _paused(self, version: int) -> AsyncIterator[None]:

@@ -14,6 +14,7 @@ filesystem. Pausing the server and stamping the new policy version are
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import tempfile
 from collections.abc import Mapping
@@ -83,10 +84,71 @@ async def receive_transfer(http: HttpSession, update_info: dict[str, Any]) -> No
     """One sync's tensors into the paused server, with the caches the old weights filled
     (encoder outputs of images, LoRA state) cleared after."""
     await http.request("POST", "/start_weight_update")
+    await _update(http, update_info)
+    await _finish(http)
+
+
+async def _update(http: HttpSession, update_info: dict[str, Any]) -> None:
     body = {"update_info": update_info}
     await http.request("POST", "/update_weights", json_body=body, timeout=TRANSFER_TIMEOUT_S)
+
+
+async def _finish(http: HttpSession) -> None:
     await http.request("POST", "/finish_weight_update")
     await http.request("POST", "/collective_rpc", json_body={"method": "loomrl_reset_caches"})
+
+
+class RemoteTransfer:
+    """``RemoteEngine``'s side of a transfer over the server's RL routes: loomrl_tcp's
+    (``TransferLink``: ``open_transfer``, ``receive_transfer``) and the control calls of
+    vLLM's trainer-side engines (``NativeLink``, NCCL: ``transfer_*``)."""
+
+    _http: HttpSession
+    url: str
+
+    if TYPE_CHECKING:
+
+        def _paused(self, version: int) -> contextlib.AbstractAsyncContextManager[None]: ...
+
+    async def open_transfer(self, init_info: dict[str, Any]) -> int:
+        """The server's workers connect to a trainer's transfer (``TransferLink``)."""
+        return await open_transfer(self._http, self.url, init_info)
+
+    async def receive_transfer(
+        self, update_info: dict[str, Any], version: int, *, keep: bool = False
+    ) -> None:
+        """One sync through the transfer, as ``update_weights`` describes (never ``keep``:
+        the OpenAI routes do not say which weights sampled which token)."""
+        async with self._paused(version):
+            await receive_transfer(self._http, update_info)
+
+    def paused_for_sync(self, version: int, keep: bool) -> contextlib.AbstractAsyncContextManager:
+        return self._paused(version)  # never kept, as above
+
+    async def transfer_workers(self) -> int:
+        reply = await self._http.request("GET", "/get_world_size")
+        return int(reply["world_size"])
+
+    async def transfer_init(self, init_info: dict[str, Any]) -> None:
+        await self._http.request(
+            "POST", "/init_weight_transfer_engine", json_body={"init_info": init_info},
+            timeout=TRANSFER_TIMEOUT_S,
+        )  # fmt: skip
+
+    async def transfer_start(self) -> None:
+        await self._http.request("POST", "/start_weight_update")
+
+    async def transfer_update(self, update_info: dict[str, Any]) -> None:
+        body = {"update_info": update_info}
+        await self._http.request(
+            "POST", "/update_weights", json_body=body, timeout=TRANSFER_TIMEOUT_S
+        )
+
+    async def transfer_finish(self) -> None:
+        await self._http.request("POST", "/finish_weight_update")
+        await self._http.request(
+            "POST", "/collective_rpc", json_body={"method": "loomrl_reset_caches"}
+        )
 
 
 async def _read_on_server(http: HttpSession, url: str, path: str) -> None:

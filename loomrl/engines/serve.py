@@ -32,7 +32,7 @@ from pathlib import Path
 import psutil
 
 from loomrl import lifeline
-from loomrl.engines.serve_flags import GpuFlags
+from loomrl.engines.serve_flags import WEIGHT_TRANSFERS, GpuFlags
 from loomrl.engines.serve_guard import KEY_ENV, MIDDLEWARE
 from loomrl.engines.vllm import (
     DEFAULT_CPU_KV_CACHE_GIB,
@@ -139,7 +139,7 @@ def server_command(
         "--model", str(path), "--served-model-name", spec,
         "--host", host, "--port", str(port),
         "--worker-extension-cls", WEIGHT_LOADER,
-        "--weight-transfer-config", json.dumps(TRANSFER_CONFIG),  # loomrl_tcp: syncs
+        "--weight-transfer-config", json.dumps(_transfer_config(gpu)),  # how syncs come in
         "--logprobs-mode", "processed_logprobs",
         "--enable-prefix-caching",
         "--dtype", dtype, "--max-model-len", str(context), "--seed", str(seed),
@@ -160,6 +160,22 @@ def server_command(
     if api_key is not None:  # vLLM's key on /v1; ServerGuard's on every other route
         cmd += ["--api-key", api_key, "--middleware", MIDDLEWARE]
     return cmd + (gpu.args() if gpu is not None else [])
+
+
+def _transfer_config(gpu: GpuFlags | None) -> dict[str, str]:
+    """loomrl_tcp (trainers with ``weight_sync = "transfer"``, any host), or vLLM's NCCL
+    backend (``"nccl"``: GPUs on both sides)."""
+    backend = "loomrl_tcp" if gpu is None else gpu.weight_transfer
+    if backend == "loomrl_tcp":
+        return dict(TRANSFER_CONFIG)
+    if backend not in WEIGHT_TRANSFERS:
+        raise ValueError(f"--weight-transfer {backend}: one of {', '.join(WEIGHT_TRANSFERS)}")
+    if _on_cpu():
+        raise ValueError(
+            f"--weight-transfer {backend} is vLLM's GPU backend; this vLLM runs on the CPU: "
+            "serve with loomrl_tcp (the default)"
+        )
+    return {"backend": backend}
 
 
 def start_server(

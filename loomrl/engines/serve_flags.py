@@ -9,16 +9,22 @@ from __future__ import annotations
 import shlex
 from dataclasses import dataclass, field
 
+WEIGHT_TRANSFERS = ("loomrl_tcp", "nccl")  # what a server's workers take syncs through
+
 
 @dataclass(frozen=True)
 class GpuFlags:
     tensor_parallel_size: int | None = None
     gpu_memory_utilization: float | None = None
     extra: tuple[str, ...] = field(default_factory=tuple)  # other vLLM arguments, as given
+    weight_transfer: str = "loomrl_tcp"  # vLLM's NCCL backend: trainers with weight_sync "nccl"
 
     @classmethod
-    def parse(cls, tensor: int | None, memory: float | None, extra: str | None) -> GpuFlags:
-        return cls(tensor, memory, tuple(shlex.split(extra or "")))
+    def parse(
+        cls, tensor: int | None, memory: float | None, extra: str | None,
+        transfer: str = "loomrl_tcp",
+    ) -> GpuFlags:  # fmt: skip
+        return cls(tensor, memory, tuple(shlex.split(extra or "")), transfer)
 
     def args(self) -> list[str]:
         out = []

@@ -99,25 +99,26 @@ def check_colocate(config: TrainConfig) -> None:
 
 
 def check_native_sync(config: TrainConfig) -> None:
-    """vLLM's own backends move weights between GPUs this process drives: CUDA IPC maps the
-    learner's tensors into a colocated engine on the same GPU, NCCL joins the learner's
-    GPU to an in-process engine's others. Servers and Ray actors take the TCP transfer."""
+    """vLLM's own backends move weights between GPUs: CUDA IPC maps the learner's tensors
+    into a colocated engine on the same GPU; NCCL joins the learner's GPU to an engine's
+    others, in process or a server's (``loomrl serve --weight-transfer nccl``). Ray engine
+    actors take the TCP transfer."""
     sync = config.weight_sync
     if sync not in ("nccl", "ipc"):
         return
-    if sync == "ipc" and not config.colocate:
+    if sync == "ipc" and (not config.colocate or has_remote(config.engines)):
         raise ValueError(
             "weight_sync = 'ipc' maps the learner's tensors into an engine on the same GPU: "
-            "it needs colocate = true (an engine on other GPUs: 'nccl')"
+            "it needs colocate = true (engines on other GPUs or servers: 'nccl')"
         )
     if sync == "nccl" and config.colocate:
         raise ValueError(
             "weight_sync = 'nccl' joins the learner's GPU to the engine's; a colocated engine "
             "shares the learner's GPU: use weight_sync = 'ipc'"
         )
-    if has_remote(config.engines) or config.ray is not None:
+    if config.ray is not None:
         raise ValueError(
-            f"weight_sync = '{sync}' sends into in-process engines: servers and [ray] engine "
+            f"weight_sync = '{sync}' sends into in-process engines and servers: [ray] engine "
             "actors take weight_sync = 'transfer' (any host) or 'file'"
         )
 

@@ -99,7 +99,9 @@ def test_a_server_that_fails_is_one_line(cli, monkeypatch):
      (["--vllm-args", "--max-num-batched-tokenz 8192"], "vLLM says: unrecognized arguments"),
      (["--vllm-args", "--logprobs-mode raw_logits"], "--vllm-args --logprobs-mode: loomrl sets"),
      (["--vllm-args=--port=9"], "--vllm-args --port: loomrl sets it"),
-     (["--vllm-args", "--weight-transfer-config {}"], "--weight-transfer-config: loomrl sets")],
+     (["--vllm-args", "--weight-transfer-config {}"], "--weight-transfer-config: loomrl sets"),
+     (["--weight-transfer", "nccl"], "--weight-transfer nccl is vLLM's GPU backend; this vLLM "
+      "runs on the CPU: serve with loomrl_tcp")],
 )  # fmt: skip
 def test_bad_gpu_flags_are_one_line_before_any_server(cli, argv, message):
     result = cli("serve", "--model", "tiny-random", *argv)
@@ -129,3 +131,15 @@ def test_the_server_takes_loomrls_weight_transfer_and_the_dtype_asked_for(monkey
     config = command[command.index("--weight-transfer-config") + 1]
     assert json.loads(config) == {"backend": "loomrl_tcp"}
     assert command[command.index("--dtype") + 1] == "float32"
+
+
+def test_a_gpu_server_takes_vllms_nccl_backend_when_asked(monkeypatch):
+    import json
+
+    from loomrl.engines.serve_flags import GpuFlags
+
+    monkeypatch.setattr(engine_serve, "_on_cpu", lambda: False)
+    flags = GpuFlags.parse(None, None, None, "nccl")
+    command = engine_serve.server_command("tiny-random", gpu=flags)
+    config = command[command.index("--weight-transfer-config") + 1]
+    assert json.loads(config) == {"backend": "nccl"}

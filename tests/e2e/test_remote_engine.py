@@ -165,6 +165,32 @@ async def test_a_weight_update_makes_the_server_score_like_the_learner(engine):
     assert out.policy_version == 1
 
 
+async def test_vllms_trainer_engine_path_syncs_a_server(engine):
+    """``NativeLink`` into a server (NCCL's road on GPUs: ``weight_sync = "nccl"`` with
+    ``loomrl serve --weight-transfer nccl``): the trainer engine's control calls go over
+    the RL routes with the key; a test trainer engine that speaks loomrl_tcp stands in
+    for NCCL here. After the weight-update test: it takes the workers' connection."""
+    from tcp_trainer import TcpTrainerInit, register
+    from test_weight_sync import SEQUENCE, learner_logprobs, learner_model
+
+    from loomrl.engines.transfer_native import NativeLink
+
+    register()
+    native = NativeLink(
+        "loomrl_test_tcp", init_info=lambda workers: TcpTrainerInit(workers=workers, rank=0),
+        device=torch.device("cpu"),
+    )  # fmt: skip
+    model = learner_model(seed=3)
+    before = torch.tensor(await engine.score(SEQUENCE))
+    try:
+        await native.push(engine, model.state_dict(), torch.float32, 7)
+    finally:
+        native.close()
+    after = torch.tensor(await engine.score(SEQUENCE))
+    assert engine.policy_version == 7 and (after - before).abs().max() > 1.0
+    assert (after - learner_logprobs(model)).abs().max() < 1e-4  # fp32 on both sides
+
+
 def test_a_server_that_dies_at_start_is_one_clear_line_and_leaves_nothing(tmp_path):
     broken = tmp_path / "broken-model"
     broken.mkdir()

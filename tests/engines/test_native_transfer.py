@@ -169,7 +169,10 @@ def test_settings_that_cannot_carry_a_native_sync_are_refused():
         TrainConfig(weight_sync="ipc")
     with pytest.raises(ValueError, match="a colocated engine shares the learner's GPU: use"):
         TrainConfig(weight_sync="nccl", colocate=True)
-    with pytest.raises(ValueError, match="servers and \\[ray\\] engine actors take"):
-        TrainConfig(weight_sync="nccl", engines=["http://127.0.0.1:8000"])
+    with pytest.raises(ValueError, match="engines on other GPUs or servers: 'nccl'"):
+        TrainConfig(weight_sync="ipc", engines=["http://127.0.0.1:8000"])
+    with pytest.raises(ValueError, match="\\[ray\\] engine actors take weight_sync = 'transfer'"):
+        TrainConfig(weight_sync="nccl", ray={})
     assert TrainConfig(weight_sync="ipc", colocate=True).weight_sync == "ipc"
+    assert TrainConfig(weight_sync="nccl", engines=["http://10.0.0.2:8000"]).engines
     assert TrainConfig(weight_sync="nccl").weight_sync == "nccl"
