@@ -30,9 +30,9 @@ pytestmark = [pytest.mark.e2e, pytest.mark.filterwarnings("ignore::loomrl.tokens
 
 # The architecture each family is built as; families listed together share an engine.
 ARCHS = {
+    "qwen3": ["hermes", "qwen3_coder", "qwen3_5"],  # first: the thinking test shares it
     "llama": ["llama3_1"],
     "mistral": ["mistral", "mistral_args"],
-    "qwen3": ["hermes", "qwen3_coder", "qwen3_5"],
     "gpt_oss": ["gpt_oss"],
     "glm4_moe": ["glm45"],
     "deepseek_v3": ["deepseek_v3"],
@@ -99,6 +99,37 @@ def learner_logprobs(model_dir: Path, traj: Any) -> torch.Tensor:
     model = load_lm(model_dir, torch.float32)
     batch = pad([traj])
     return batch.per_sample(compute_logprobs(model, batch))[0]
+
+
+async def test_a_thinking_model_keeps_the_reasoning_its_template_drops_on_vllm(
+    engines, tokenizer, monkeypatch
+):
+    """docs/thinking.md on real vLLM: Qwen3 reasons before every turn and its template
+    drops earlier turns' reasoning after a new user query; the trajectory keeps what the
+    model saw and sampled (the third turn's prompt holds both earlier blocks), and vLLM's
+    logprobs of it are the learner's."""
+    from contract import check_turns
+    from thinking_turns import FOLLOW_UP_TURNS, FollowUp, reasoning_is_the_models
+
+    tok = family_tokenizer(tokenizer, FAMILIES["hermes"])
+    engine = await engines.get("qwen3")
+    chat = ChatTokenizer(tok)
+    scripts = [chat.encode(text) for text in FOLLOW_UP_TURNS]
+    prompts: list[list[int]] = []
+    generate, params = forced(engine, scripts, prompts)
+    monkeypatch.setattr(engine, "generate", generate)
+    monkeypatch.setattr(engine, "_vllm_params", params)
+    sampling = loomrl.SamplingParams(max_tokens=200)
+    (traj,) = await loomrl.rollout(engine, FollowUp(), [EXAMPLE], chat=chat, sampling=sampling)
+
+    assert traj.turns == 3 and traj.reward == 1.0, traj.error
+    assert [traj.completion_ids[a:b] for a, b in traj.spans] == scripts
+    reasoning_is_the_models(tok, traj, blocks=3)
+    check_turns(tok, traj, {tok.eos_token_id})
+    assert prompts[2].count(tok.convert_tokens_to_ids("<think>")) == 2
+    mask = torch.tensor(traj.loss_mask, dtype=torch.bool)
+    expected = learner_logprobs(engines.root / "qwen3", traj)[mask]
+    assert (torch.tensor(traj.logprobs)[mask] - expected).abs().max() <= 1e-4
 
 
 @pytest.mark.parametrize(("arch", "name"), CASES)
