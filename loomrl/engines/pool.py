@@ -48,6 +48,7 @@ from typing import Any, Literal
 from loomrl.engines import pool_health as health
 from loomrl.engines.base import Engine, EngineUnavailable
 from loomrl.engines.replica import Replica, check_interchangeable
+from loomrl.engines.transfer_sender import release, split_weights
 from loomrl.lru import LRUCache
 from loomrl.types import Completion, SamplingParams
 
@@ -280,10 +281,9 @@ class EnginePool:
         retired = [r for r in self._replicas if r.retired is not None]
         alive = await asyncio.gather(*(self._probe(r) for r in retired))  # no probe: False
         back = [r for r, ok in zip(retired, alive, strict=True) if ok]
-        results = await asyncio.gather(
-            *(_update(r.engine, weights, target, keep) for r in healthy + back),
-            return_exceptions=True,
-        )
+        views = split_weights(weights, len(healthy + back))  # a streamed source: a view each
+        updates = [_update(r.engine, views[i], target, keep) for i, r in enumerate(healthy + back)]
+        results = await asyncio.gather(*updates, return_exceptions=True)
         self._version = target
         seconds = 0.0
         for replica, result in zip(healthy + back, results, strict=True):
@@ -384,12 +384,14 @@ def _load(replica: Replica) -> int:
 
 
 async def _update(engine: Engine, weights: Any, version: int, keep: bool) -> float:
-    update = getattr(engine, "update_weights", None)
-    if update is None:
-        raise TypeError(f"{type(engine).__name__} has no update_weights")
-    if keep:
-        return float(await update(weights, version=version, keep=True))
-    return float(await update(weights, version=version))
+    try:
+        update = getattr(engine, "update_weights", None)
+        if update is None:
+            raise TypeError(f"{type(engine).__name__} has no update_weights")
+        kwargs = {"keep": True} if keep else {}  # engines without keep take no such argument
+        return float(await update(weights, version=version, **kwargs))
+    finally:
+        await release(weights)  # a replica that failed before reading holds none up
 
 
 def _aborted(request_id: str, prompt_len: int, version: int) -> Completion:

@@ -29,7 +29,7 @@ from vllm.distributed.weight_transfer.base import (
     materialize_full_tensor,
 )
 
-from loomrl.engines.transfer_sender import reach_address
+from loomrl.engines.transfer_sender import StreamedWeights, reach_address, release
 
 NATIVE_BACKENDS: tuple[str, ...] = ("nccl", "ipc")
 
@@ -85,26 +85,32 @@ class SyncClient:
 
 class MappingSource(WeightSource):
     """The learner's weights as vLLM's trainer engines read them: metadata without
-    touching a tensor; each pass yields the tensors one at a time on ``device`` in the
-    engine's dtype (integer buffers keep theirs)."""
+    touching a tensor (a sharded learner's ``StreamedWeights`` from its specs); each pass
+    yields the tensors one at a time, in that order (a streamed source gathers each as it
+    is asked for), on ``device`` in the engine's dtype (integer buffers keep theirs)."""
 
     def __init__(
         self, weights: Mapping[str, torch.Tensor], dtype: torch.dtype, device: torch.device
     ) -> None:
         self.weights, self.dtype, self.device = weights, dtype, device
 
-    def _wire_dtype(self, tensor: torch.Tensor) -> torch.dtype:
-        return self.dtype if tensor.is_floating_point() else tensor.dtype
+    def _specs(self) -> list[tuple[str, torch.dtype, tuple[int, ...]]]:
+        if isinstance(self.weights, StreamedWeights):
+            return self.weights.specs()
+        return [(name, t.dtype, tuple(t.shape)) for name, t in self.weights.items()]
+
+    def _wire_dtype(self, kind: torch.dtype) -> torch.dtype:
+        return self.dtype if kind.is_floating_point else kind
 
     def metadata(self) -> list[ParamMeta]:
         return [
-            ParamMeta(name, self._wire_dtype(t), tuple(t.shape)) for name, t in self.weights.items()
+            ParamMeta(name, self._wire_dtype(kind), shape) for name, kind, shape in self._specs()
         ]
 
     def __iter__(self) -> Iterator[tuple[str, torch.Tensor]]:
-        for name, tensor in self.weights.items():
-            full = materialize_full_tensor(tensor).detach()
-            yield name, full.to(device=self.device, dtype=self._wire_dtype(tensor)).contiguous()
+        for name, kind, _ in self._specs():
+            full = materialize_full_tensor(self.weights[name]).detach()
+            yield name, full.to(device=self.device, dtype=self._wire_dtype(kind)).contiguous()
 
 
 def trainer_init_info(backend: str, peer: str, workers: int) -> TrainerInitInfo:
@@ -160,7 +166,20 @@ class NativeLink:
     ) -> None:
         """Send ``weights`` into ``target`` as policy ``version`` (``keep``: its in-flight
         requests go on under them). A failure closes the link (the next sync sets up a
-        new one) and raises."""
+        new one) and raises. Streamed weights are released after, sent or not."""
+        try:
+            await self._push(target, weights, dtype, version, keep)
+        finally:
+            await release(weights)
+
+    async def _push(
+        self,
+        target: NativeTarget,
+        weights: Mapping[str, torch.Tensor],
+        dtype: torch.dtype,
+        version: int,
+        keep: bool,
+    ) -> None:
         source = MappingSource(weights, dtype, self.device or _send_device(weights))
         loop = asyncio.get_running_loop()
         async with target.paused_for_sync(version, keep):
@@ -192,11 +211,12 @@ class NativeLink:
 
 def _send_device(weights: Mapping[str, torch.Tensor]) -> torch.device:
     """Where the tensors go before they are sent: the learner's GPU they are on, else the
-    current CUDA device (a host copy of the weights)."""
-    for tensor in weights.values():
-        if tensor.is_cuda:
-            return tensor.device
-        break
+    current CUDA device (host copies: a gathered sharded learner's)."""
+    if not isinstance(weights, StreamedWeights):  # its values would gather
+        for tensor in weights.values():
+            if tensor.is_cuda:
+                return tensor.device
+            break
     return torch.device("cuda", torch.cuda.current_device())
 
 

@@ -5,6 +5,11 @@ has the engine's workers connect (``open_transfer``), and for each sync streams 
 weights bucket by bucket while the engine receives them (``receive_transfer``). Only a
 bucket is materialized at a time, cast to the engine's dtype on its way to the host, so
 a sync writes nothing to disk and holds ``bucket_bytes`` beside the learner's model.
+
+The weights are a mapping of host or device tensors, or a ``StreamedWeights`` source (a
+sharded learner's, ``loomrl.train.streaming``): its ``specs`` give the metadata without
+touching a tensor, each tensor is gathered when the sender asks for it, and a pool
+``split``s it so each replica reads its own view of one gather pass.
 """
 
 from __future__ import annotations
@@ -15,7 +20,7 @@ import secrets
 import socket
 import time
 from collections.abc import Iterator, Mapping
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 from loomrl.engines.transfer_wire import (
     BUCKET_BYTES,
@@ -62,13 +67,46 @@ def reach_address(peer: str) -> str:
         ) from None
 
 
+@runtime_checkable
+class StreamedWeights(Protocol):
+    """Weights whose tensors are made as they are read (gathered from shards): the
+    metadata comes first, and ``close`` ends the reading (what is left is released)."""
+
+    def specs(self) -> list[tuple[str, torch.dtype, tuple[int, ...]]]:
+        """Every tensor's name, dtype and shape, in the order to read them."""
+        ...
+
+    def close(self) -> None: ...
+
+
 def weight_metas(weights: Mapping[str, torch.Tensor], dtype: torch.dtype) -> list[TensorMeta]:
     """What the engine is told before the bytes: every tensor in the engine's dtype
-    (integer buffers keep theirs)."""
+    (integer buffers keep theirs); a streamed source's from its specs, nothing gathered."""
+    if isinstance(weights, StreamedWeights):
+        specs = weights.specs()
+    else:
+        specs = [(name, t.dtype, tuple(t.shape)) for name, t in weights.items()]
     return [
-        TensorMeta(name, dtype if t.is_floating_point() else t.dtype, tuple(t.shape))
-        for name, t in weights.items()
+        TensorMeta(name, dtype if kind.is_floating_point else kind, tuple(shape))
+        for name, kind, shape in specs
     ]
+
+
+def split_weights(weights: Any, engines: int) -> list[Any]:
+    """What each of ``engines`` updated at once reads: a streamed source's own readers
+    (every tensor gathered once for all of them), else the same weights."""
+    split = getattr(weights, "split", None)
+    if isinstance(weights, StreamedWeights) and callable(split):
+        return list(split(engines))
+    return [weights] * engines
+
+
+async def release(*weights: Any) -> None:
+    """Streamed sources or readers closed once their sync is over, sent or failed (on a
+    thread: finishing a pass may gather the tensors no one read); other weights stay."""
+    for each in weights:
+        if isinstance(each, StreamedWeights):
+            await asyncio.to_thread(each.close)
 
 
 class TransferSender:
@@ -155,7 +193,20 @@ class TransferLink:
     ) -> None:
         """Stream ``weights`` into ``target`` as policy ``version`` (``keep``: its
         in-flight requests go on under them). A failure on either side closes the link
-        (the next sync opens a new one) and raises."""
+        (the next sync opens a new one) and raises. Streamed weights are released after."""
+        try:
+            await self._push(target, weights, dtype, version, keep)
+        finally:
+            await release(weights)
+
+    async def _push(
+        self,
+        target: TransferTarget,
+        weights: Mapping[str, torch.Tensor],
+        dtype: torch.dtype,
+        version: int,
+        keep: bool,
+    ) -> None:
         if self._sender is None:
             await self._open(target)
         sender = self._sender

@@ -96,6 +96,16 @@ class LearnerGroup:
 
     def __init__(self, ranks: list[subprocess.Popen[bytes]], scratch: Path) -> None:
         self.ranks, self.scratch = ranks, scratch
+        #: The last streamed sync's weights (``GatheredWeights``): the other ranks wait
+        #: in its gather pass until it is finished, which every order and ``close`` do.
+        self.streaming: Any = None
+
+    def finish_streaming(self) -> None:
+        """The last streamed sync's gather pass finished (what no engine read, gathered
+        and dropped) and its tensors freed, so every rank leaves its collectives."""
+        weights, self.streaming = self.streaming, None
+        if weights is not None:
+            weights.close()
 
     @classmethod
     def start(cls, config: TrainConfig, checkpoint: Checkpoint | None) -> LearnerGroup:
@@ -131,6 +141,7 @@ class LearnerGroup:
 
     def order(self, kind: str, *args: Any) -> None:
         """Every other rank does ``TrainModels.<kind>(*args)``; the caller does it too."""
+        self.finish_streaming()
         for proc in self.ranks:
             if proc.poll() is not None:
                 raise RuntimeError(
@@ -144,6 +155,8 @@ class LearnerGroup:
         """Stop the ranks (waiting a little for a clean exit) and leave the group."""
         import torch.distributed as dist
 
+        with contextlib.suppress(Exception):  # a rank that died fails the gathers at once
+            self.finish_streaming()
         for proc in self.ranks:
             try:
                 assert proc.stdin is not None

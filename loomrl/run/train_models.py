@@ -11,6 +11,7 @@ orders the others to (``LearnerGroup``, ``loomrl.run.learner_ranks``)."""
 from __future__ import annotations
 
 import uuid
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -46,6 +47,7 @@ from loomrl.train.sharding import (
 )
 from loomrl.train.speed import prepare_for_training
 from loomrl.train.step import learn_step
+from loomrl.train.streaming import GatheredWeights, gather_pass
 from loomrl.vision.pixels import PixelEncoder
 
 if TYPE_CHECKING:
@@ -69,6 +71,7 @@ class TrainModels:
     placement: Placement  # the learner's device and precision
     group: LearnerGroup | None = None  # the driver's: the other learner ranks
     send_adapter: bool = False  # LoRA syncs send the adapter (``lora.sync = "adapter"``)
+    stream_weights: bool = False  # a sharded model's syncs stream (``"transfer"``, ``"nccl"``)
 
     @property
     def pad_id(self) -> int:
@@ -89,14 +92,27 @@ class TrainModels:
         self.shaper.after_step(step + 1, row)
         return row
 
-    def weights(self) -> dict[str, torch.Tensor] | Adapter:
+    def weights(self) -> Mapping[str, torch.Tensor] | Adapter:
         """What a weight sync sends the engines, on the host (rank 0's: the others get
-        ``{}`` from a sharded model); a LoRA adapter alone when ``send_adapter``."""
+        ``{}`` from a sharded model); a LoRA adapter alone when ``send_adapter``. A sharded
+        model's transfer sync streams: rank 0 gets ``GatheredWeights``, gathered tensor
+        by tensor as the engines read it, and the other ranks make the same gathers now
+        (a pass the group finishes before its next order if the engines read no more)."""
         if self.send_adapter:
             return adapter_of(self.model)
         if self.group is not None:
             self.group.order("weights")
-        return full_weights(self.model) if is_sharded(self.model) else sync_weights(self.model)
+        if not is_sharded(self.model):
+            return sync_weights(self.model)
+        if not self.stream_weights:
+            return full_weights(self.model)
+        if _rank() != 0:
+            gather_pass(self.model)
+            return {}
+        weights = GatheredWeights(self.model)
+        if self.group is not None:
+            self.group.streaming = weights
+        return weights
 
     def save(self, run_dir: Path, step: int) -> None:
         """The checkpoint after ``step`` steps: written by rank 0, with a sharded run's
@@ -187,9 +203,10 @@ def load_models(
             optimizer_dir=None if checkpoint is None else checkpoint.path / CRITIC_OPTIMIZER_DIR,
         )  # fmt: skip
     send_adapter = config.lora is not None and config.lora.sync == "adapter"
+    stream = sharded and config.weight_sync in ("transfer", "nccl")  # "file" takes a dict
     return TrainModels(
         run_id, model, model_dir, adapter, preprocessor, images, learner, shaper, critic,
-        placement, group, send_adapter,
+        placement, group, send_adapter, stream,
     )  # fmt: skip
 
 

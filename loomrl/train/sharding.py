@@ -8,10 +8,11 @@ over the whole mini-batch, so the gradients are *summed* across ranks, not avera
 that gives exactly the one-process gradient. (gloo refuses FSDP's default pre-multiplied
 sum, hence the forced plain sum.)
 
-Weights leave a sharded model in two ways: the full state dict gathered on rank 0 (for
-the engines and the checkpoint's HF directory), and the optimizer's sharded state
-through ``torch.distributed.checkpoint`` (DCP), which loads on any number of ranks,
-one process without a process group included.
+Weights leave a sharded model in three ways: streamed to the engines tensor by tensor
+(``loomrl.train.streaming``, a transfer sync), the full state dict gathered on rank 0 (a
+file sync, the checkpoint's HF directory), and the optimizer's sharded state through
+``torch.distributed.checkpoint`` (DCP), which loads on any number of ranks, one process
+without a process group included.
 """
 
 from __future__ import annotations

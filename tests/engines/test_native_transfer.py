@@ -165,7 +165,7 @@ def test_a_native_sync_without_cuda_says_what_to_use():
 
 
 def test_settings_that_cannot_carry_a_native_sync_are_refused():
-    with pytest.raises(ValueError, match="'ipc' maps the learner's tensors .* colocate = true"):
+    with pytest.raises(ValueError, match=r"'ipc' maps the learner's tensors .* colocate = true"):
         TrainConfig(weight_sync="ipc")
     with pytest.raises(ValueError, match="a colocated engine shares the learner's GPU: use"):
         TrainConfig(weight_sync="nccl", colocate=True)
@@ -176,3 +176,44 @@ def test_settings_that_cannot_carry_a_native_sync_are_refused():
     assert TrainConfig(weight_sync="ipc", colocate=True).weight_sync == "ipc"
     assert TrainConfig(weight_sync="nccl", engines=["http://10.0.0.2:8000"]).engines
     assert TrainConfig(weight_sync="nccl").weight_sync == "nccl"
+
+
+class Streamed(dict):
+    """A sharded learner's weights as ``GatheredWeights`` offers them: specs without a
+    gather, each tensor gathered when read, ``close`` at the end of the sync."""
+
+    def __init__(self, tensors: dict[str, torch.Tensor]) -> None:
+        super().__init__(tensors)
+        self.reads: list[str] = []
+        self.closed = 0
+
+    def specs(self):
+        return [(name, t.dtype, tuple(t.shape)) for name, t in dict.items(self)]
+
+    def __getitem__(self, name: str) -> torch.Tensor:
+        self.reads.append(name)
+        return dict.__getitem__(self, name)
+
+    def items(self):  # a Mapping's items() would gather every tensor
+        raise AssertionError("the metadata must come from specs()")
+
+    def values(self):
+        raise AssertionError("the metadata must come from specs()")
+
+    def close(self) -> None:
+        self.closed += 1
+
+
+async def test_a_sharded_learners_streamed_weights_are_read_once_in_order_and_released():
+    RecordEngine.made.clear()
+    target, native = Target(), link()
+    sent = Streamed(weights())
+    await native.push(target, sent, torch.float32, 1)
+    assert sent.reads == list(weights()) and sent.closed == 1  # each gathered once, in order
+    (engine,) = RecordEngine.made
+    assert torch.equal(engine.sent[0]["head.weight"], dict.__getitem__(sent, "head.weight"))
+    RecordEngine.fail_next = True
+    failed = Streamed(weights())
+    with pytest.raises(ConnectionError):
+        await native.push(target, failed, torch.float32, 2)
+    assert failed.closed == 1  # released: the other ranks leave their gathers
