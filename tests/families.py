@@ -145,6 +145,7 @@ def check_episode(tok, family: Family, chat, traj, prompts: list[list[int]], nam
     assert traj.turns == 3 and traj.reward == 1.0
     assert traj.env_metrics["tool_calls"] == 2 and traj.env_metrics["tool_errors"] == 0
     full = traj.prompt_ids + traj.completion_ids
+    assert len(prompts) == traj.turns  # one request per turn, each seen below
     for prompt in prompts:  # each prompt extends the context before it: nothing re-rendered
         assert full[: len(prompt)] == prompt
 

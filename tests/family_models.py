@@ -40,13 +40,6 @@ def _qwen3(**ids: Any) -> Any:
     return Qwen3Config(**SIZE, **ids)
 
 
-def _qwen3_moe(**ids: Any) -> Any:
-    from transformers import Qwen3MoeConfig
-
-    moe = {"num_experts": 4, "num_experts_per_tok": 2, "moe_intermediate_size": 64}
-    return Qwen3MoeConfig(**SIZE, **moe, **ids)
-
-
 def _gpt_oss(**ids: Any) -> Any:
     from transformers import GptOssConfig
 
@@ -81,7 +74,6 @@ CONFIGS: dict[str, Callable[..., Any]] = {
     "llama": _llama,
     "mistral": _mistral,
     "qwen3": _qwen3,
-    "qwen3_moe": _qwen3_moe,
     "gpt_oss": _gpt_oss,
     "glm4_moe": _glm4_moe,
     "deepseek_v3": _deepseek_v3,

@@ -125,6 +125,12 @@ class RemoteTransfer:
     def paused_for_sync(self, version: int, keep: bool) -> contextlib.AbstractAsyncContextManager:
         return self._paused(version)  # never kept, as above
 
+    async def transfer_backend(self) -> str:
+        reply = await self._http.request("GET", "/server_info", params={"config_format": "json"})
+        config = (reply or {}).get("vllm_config") or {}
+        transfer = config.get("weight_transfer_config") if isinstance(config, dict) else None
+        return str(transfer.get("backend")) if isinstance(transfer, dict) else "none"
+
     async def transfer_workers(self) -> int:
         reply = await self._http.request("GET", "/get_world_size")
         return int(reply["world_size"])

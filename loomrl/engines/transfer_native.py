@@ -15,6 +15,8 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
+import math
 import socket
 from collections.abc import Callable, Coroutine, Iterator, Mapping
 from contextlib import AbstractAsyncContextManager
@@ -39,6 +41,10 @@ class NativeTarget(Protocol):
 
     def paused_for_sync(self, version: int, keep: bool) -> AbstractAsyncContextManager[None]:
         """Generation paused around a sync; ``version`` stamped after one that succeeded."""
+        ...
+
+    async def transfer_backend(self) -> str:
+        """The weight-transfer backend the engine's workers were started with."""
         ...
 
     async def transfer_workers(self) -> int: ...
@@ -113,10 +119,14 @@ class MappingSource(WeightSource):
             yield name, full.to(device=self.device, dtype=self._wire_dtype(kind)).contiguous()
 
 
-def trainer_init_info(backend: str, peer: str, workers: int) -> TrainerInitInfo:
+def trainer_init_info(
+    backend: str, peer: str, workers: int, largest_bytes: int = 0
+) -> TrainerInitInfo:
     """The trainer's side of ``backend``'s rendezvous with ``workers`` engine workers
     reached at ``peer``: NCCL's store on this host's address on the route to the peer
-    (rank 0 is the trainer, the workers follow), IPC's packed buffers."""
+    (rank 0 is the trainer, the workers follow); IPC's packed buffers, each large enough
+    for the largest tensor (``largest_bytes``: vLLM refuses a tensor over the buffer, and
+    a 7B model's embedding is over its 1 GiB default)."""
     if backend == "nccl":
         from vllm.distributed.weight_transfer.nccl_engine import NCCLTrainerInitInfo
 
@@ -126,8 +136,12 @@ def trainer_init_info(backend: str, peer: str, workers: int) -> TrainerInitInfo:
         )
     if backend == "ipc":
         from vllm.distributed.weight_transfer.ipc_engine import IPCTrainerInitInfo
+        from vllm.distributed.weight_transfer.packed_tensor import (
+            DEFAULT_PACKED_BUFFER_SIZE_BYTES,
+        )
 
-        return IPCTrainerInitInfo(packed=True, rank=0)
+        size = max(DEFAULT_PACKED_BUFFER_SIZE_BYTES, largest_bytes)
+        return IPCTrainerInitInfo(packed=True, packed_buffer_size_bytes=size, rank=0)
     raise ValueError(f"no native weight transfer {backend!r}: one of {', '.join(NATIVE_BACKENDS)}")
 
 
@@ -141,18 +155,23 @@ def check_native(backend: str) -> None:
 
 
 class NativeLink:
-    """One engine's vLLM trainer engine: set up at the first sync, reused by the next."""
+    """One engine's vLLM trainer engine: set up at the first sync, reused by the next.
+    ``worker_backend`` is the engine's side it needs (``backend``'s own by default): an
+    engine started for another is refused before any rendezvous, which would otherwise
+    wait minutes for workers that never come."""
 
     def __init__(
         self,
         backend: str,
         peer: str = "127.0.0.1",
         *,
-        init_info: Callable[[int], TrainerInitInfo] | None = None,
+        init_info: Callable[[int, int], TrainerInitInfo] | None = None,
         device: torch.device | None = None,
+        worker_backend: str | None = None,
     ) -> None:
         self.backend, self.peer, self.device = backend, peer, device
-        self._init_info = init_info or (lambda workers: trainer_init_info(backend, peer, workers))
+        self.worker_backend = worker_backend or backend
+        self._init_info = init_info or functools.partial(trainer_init_info, backend, peer)
         self._engine: TrainerWeightTransferEngine | None = None
 
     async def push(
@@ -166,11 +185,15 @@ class NativeLink:
     ) -> None:
         """Send ``weights`` into ``target`` as policy ``version`` (``keep``: its in-flight
         requests go on under them). A failure closes the link (the next sync sets up a
-        new one) and raises. Streamed weights are released after, sent or not."""
+        new one) and raises; the engine keeps its old version stamp, and a model that
+        took part of the new weights is left to fail (a pool retires it until a sync
+        goes through). Streamed weights are released after, sent or not."""
         try:
             await self._push(target, weights, dtype, version, keep)
         finally:
             await release(weights)
+            if torch.cuda.is_available():
+                torch.cuda.empty_cache()  # the send's buffers, before the engine wakes
 
     async def _push(
         self,
@@ -182,31 +205,79 @@ class NativeLink:
     ) -> None:
         source = MappingSource(weights, dtype, self.device or _send_device(weights))
         loop = asyncio.get_running_loop()
+        if self._engine is None:
+            backend = await target.transfer_backend()
+            if backend != self.worker_backend:
+                raise ValueError(
+                    f"weight_sync = '{self.backend}' needs an engine started with vLLM's "
+                    f"'{self.worker_backend}' weight transfer; this one takes '{backend}' "
+                    f"(loomrl serve --weight-transfer {self.worker_backend})"
+                )
         async with target.paused_for_sync(version, keep):
             try:
                 if self._engine is None:
                     workers = await target.transfer_workers()
                     client = SyncClient(target, loop)
-                    self._engine = await asyncio.to_thread(self._open, client, source, workers)
+                    opened = await self._in_thread(
+                        source.device, self._open, client, source, workers
+                    )  # fmt: skip
+                    self._engine = opened
                 self._engine.source = source
-                await asyncio.to_thread(self._engine.send_weights)
+                await self._in_thread(source.device, self._engine.send_weights)
+            except asyncio.CancelledError:
+                raise  # the group is torn down once its thread is out (``_in_thread``)
             except BaseException:
                 self.close()
                 raise
 
+    async def _in_thread(self, device: torch.device, call: Callable[..., Any], *args: Any) -> Any:
+        """``call`` on a worker thread on ``device``. Cancelled, the thread runs on (it
+        cannot be stopped inside a collective): the link lets go of its trainer engine
+        now and shuts it down (or the one being opened) when the thread is out, never
+        under it."""
+
+        def run() -> Any:
+            if device.type == "cuda":
+                torch.cuda.set_device(device)  # vLLM's engines read the thread's device
+            return call(*args)
+
+        future = asyncio.get_running_loop().run_in_executor(None, run)
+        try:
+            return await asyncio.shield(future)
+        except asyncio.CancelledError:
+            engine, self._engine = self._engine, None
+
+            def after(done: asyncio.Future[Any]) -> None:
+                opened = None if done.cancelled() or done.exception() else done.result()
+                for each in (engine, opened):
+                    if isinstance(each, TrainerWeightTransferEngine):
+                        _shut_down(each)
+
+            future.add_done_callback(after)
+            raise
+
     def _open(
-        self, client: SyncClient, source: WeightSource, workers: int
+        self, client: SyncClient, source: MappingSource, workers: int
     ) -> TrainerWeightTransferEngine:
         from vllm.distributed.weight_transfer.factory import WeightTransferTrainerFactory
 
-        info = self._init_info(workers)
+        largest = max((_nbytes(m) for m in source.metadata()), default=0)
+        info = self._init_info(workers, largest)
         return WeightTransferTrainerFactory.trainer_init(info, client=client, source=source)
 
     def close(self) -> None:
         engine, self._engine = self._engine, None
         if engine is not None:
-            with contextlib.suppress(Exception):  # a broken group tears down as it can
-                engine.shutdown()
+            _shut_down(engine)
+
+
+def _shut_down(engine: TrainerWeightTransferEngine) -> None:
+    with contextlib.suppress(Exception):  # a broken group tears down as it can
+        engine.shutdown()
+
+
+def _nbytes(meta: ParamMeta) -> int:
+    return math.prod(meta.shape) * meta.dtype.itemsize
 
 
 def _send_device(weights: Mapping[str, torch.Tensor]) -> torch.device:

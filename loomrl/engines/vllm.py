@@ -25,7 +25,7 @@ from loomrl.engines.base import check_prompt, tokens_left
 from loomrl.engines.lora_adapter import vllm_rank
 from loomrl.engines.vllm_close import shut_down
 from loomrl.engines.vllm_cpu import one_process, uni_executor
-from loomrl.engines.vllm_sync import NATIVE_SYNCS, sync_link, transfer_config
+from loomrl.engines.vllm_sync import NATIVE_SYNCS, engine_env, sync_link, transfer_config
 from loomrl.engines.vllm_weights import EngineWeights, version_spans
 from loomrl.hardware import cpu_has_native_bf16
 from loomrl.models import is_vision, resolve
@@ -106,6 +106,7 @@ class VLLMEngine(EngineWeights):
             )
         if (transfer := transfer_config(weight_sync)) is not None:
             engine_args.setdefault("weight_transfer_config", transfer)
+        os.environ.update(engine_env(weight_sync))  # before the engine core starts
         args = AsyncEngineArgs(
             model=str(self.model_path),
             max_model_len=context,

@@ -36,6 +36,13 @@ def check_weight_sync(value: str) -> WeightSync:
     return value  # type: ignore[return-value]
 
 
+def engine_env(weight_sync: str) -> dict[str, str]:
+    """What an engine's processes need in their environment for ``weight_sync``: vLLM's
+    IPC handles carry classes and dtypes, which its engine core's messages take only
+    pickled (a local socket between this process and the engine's own)."""
+    return {"VLLM_ALLOW_INSECURE_SERIALIZATION": "1"} if weight_sync == "ipc" else {}
+
+
 def sync_link(weight_sync: str, peer: str) -> Any:
     """How an engine reached at ``peer`` takes full weights: a ``TransferLink``
     (``loomrl_tcp``), a ``NativeLink`` (vLLM's NCCL or IPC; CUDA on this side, checked

@@ -107,8 +107,12 @@ class EngineWeights:
     def paused_for_sync(self, version: int, keep: bool) -> contextlib.AbstractAsyncContextManager:
         return self._paused(version, keep)
 
+    async def transfer_backend(self) -> str:
+        config = self._llm.vllm_config.weight_transfer_config
+        return "none" if config is None else str(config.backend)
+
     async def transfer_workers(self) -> int:
-        return int(self._llm.vllm_config.parallel_config.world_size)
+        return int(self._llm.vllm_config.parallel_config.world_size_across_dp)
 
     async def transfer_init(self, init_info: dict[str, Any]) -> None:
         await open_transfer(self._llm, init_info)

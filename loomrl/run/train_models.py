@@ -72,6 +72,7 @@ class TrainModels:
     group: LearnerGroup | None = None  # the driver's: the other learner ranks
     send_adapter: bool = False  # LoRA syncs send the adapter (``lora.sync = "adapter"``)
     stream_weights: bool = False  # a sharded model's syncs stream (``"transfer"``, ``"nccl"``)
+    device_weights: bool = False  # syncs send from the learner's GPU (``"nccl"``, ``"ipc"``)
 
     @property
     def pad_id(self) -> int:
@@ -103,7 +104,7 @@ class TrainModels:
         if self.group is not None:
             self.group.order("weights")
         if not is_sharded(self.model):
-            return sync_weights(self.model)
+            return sync_weights(self.model, on_host=not self.device_weights)
         if not self.stream_weights:
             return full_weights(self.model)
         if _rank() != 0:
@@ -206,7 +207,7 @@ def load_models(
     stream = sharded and config.weight_sync in ("transfer", "nccl")  # "file" takes a dict
     return TrainModels(
         run_id, model, model_dir, adapter, preprocessor, images, learner, shaper, critic,
-        placement, group, send_adapter, stream,
+        placement, group, send_adapter, stream, config.weight_sync in ("nccl", "ipc"),
     )  # fmt: skip
 
 

@@ -7,7 +7,7 @@ from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
 from loomrl.config import MAX_EXAMPLES
-from loomrl.engines.replicas import has_remote
+from loomrl.engines.replicas import has_remote, is_url
 from loomrl.experience.shaping_config import clip_range
 from loomrl.experience.turn_credit import check_turn_credit
 
@@ -100,21 +100,22 @@ def check_colocate(config: TrainConfig) -> None:
 
 def check_native_sync(config: TrainConfig) -> None:
     """vLLM's own backends move weights between GPUs: CUDA IPC maps the learner's tensors
-    into a colocated engine on the same GPU; NCCL joins the learner's GPU to an engine's
-    others, in process or a server's (``loomrl serve --weight-transfer nccl``). Ray engine
-    actors take the TCP transfer."""
+    into a colocated engine on the same GPU; NCCL joins the learner's GPU to servers' (
+    ``loomrl serve --weight-transfer nccl``): an in-process engine starts on the learner's
+    GPU, where NCCL cannot put two ranks. Ray engine actors take the TCP transfer."""
     sync = config.weight_sync
     if sync not in ("nccl", "ipc"):
         return
     if sync == "ipc" and (not config.colocate or has_remote(config.engines)):
         raise ValueError(
             "weight_sync = 'ipc' maps the learner's tensors into an engine on the same GPU: "
-            "it needs colocate = true (engines on other GPUs or servers: 'nccl')"
+            "it needs colocate = true (servers on other GPUs: 'nccl')"
         )
-    if sync == "nccl" and config.colocate:
+    if sync == "nccl" and not (config.engines and all(is_url(e) for e in config.engines)):
         raise ValueError(
-            "weight_sync = 'nccl' joins the learner's GPU to the engine's; a colocated engine "
-            "shares the learner's GPU: use weight_sync = 'ipc'"
+            "weight_sync = 'nccl' sends into servers on other GPUs (engines = [URL, ...], "
+            "started with loomrl serve --weight-transfer nccl); an in-process engine starts "
+            "on the learner's GPU: use 'ipc' with colocate = true, or 'transfer'"
         )
     if config.ray is not None:
         raise ValueError(

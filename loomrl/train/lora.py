@@ -176,12 +176,13 @@ def adapter_of(model: torch.nn.Module) -> Adapter:
     )
 
 
-def sync_weights(model: torch.nn.Module) -> dict[str, Tensor]:
+def sync_weights(model: torch.nn.Module, on_host: bool = True) -> dict[str, Tensor]:
     """What a weight sync sends the engine: the merged weights of a LoRA model, else the
     model's own state dict; on the host (a learner on a GPU copies them once here, the
-    engine's loaders read host memory)."""
+    engine's loaders read host memory), or where they are for vLLM's GPU backends (NCCL
+    and IPC send from the learner's GPU)."""
     weights = merged_state_dict(model) if is_lora(model) else model.state_dict()
-    return {k: v.detach().cpu() for k, v in weights.items()}
+    return {k: v.detach().cpu() if on_host else v.detach() for k, v in weights.items()}
 
 
 class AdaptersOff:

@@ -177,10 +177,13 @@ async def test_vllms_trainer_engine_path_syncs_a_server(engine):
 
     register()
     native = NativeLink(
-        "loomrl_test_tcp", init_info=lambda workers: TcpTrainerInit(workers=workers, rank=0),
-        device=torch.device("cpu"),
+        "loomrl_test_tcp", worker_backend="loomrl_tcp", device=torch.device("cpu"),
+        init_info=lambda workers, largest: TcpTrainerInit(workers=workers, rank=0),
     )  # fmt: skip
     model = learner_model(seed=3)
+    nccl = NativeLink("nccl", device=torch.device("cpu"))  # the server takes loomrl_tcp
+    with pytest.raises(ValueError, match="'nccl' weight transfer; this one takes 'loomrl_tcp'"):
+        await nccl.push(engine, model.state_dict(), torch.float32, 7)
     before = torch.tensor(await engine.score(SEQUENCE))
     try:
         await native.push(engine, model.state_dict(), torch.float32, 7)

@@ -144,9 +144,12 @@ async def test_vllms_trainer_engine_path_syncs_a_real_engine(engine):
 
     register()
     native = NativeLink(
-        "loomrl_test_tcp", init_info=lambda workers: TcpTrainerInit(workers=workers, rank=0),
-        device=torch.device("cpu"),
+        "loomrl_test_tcp", worker_backend="loomrl_tcp", device=torch.device("cpu"),
+        init_info=lambda workers, largest: TcpTrainerInit(workers=workers, rank=0),
     )  # fmt: skip
+    ipc = NativeLink("ipc", device=torch.device("cpu"))  # this engine takes loomrl_tcp
+    with pytest.raises(ValueError, match="'ipc' weight transfer; this one takes 'loomrl_tcp'"):
+        await ipc.push(engine, learner_model(seed=6).state_dict(), engine.dtype, 21)
     try:
         for seed, version in ((6, 21), (7, 22)):  # the second sync reuses the rendezvous
             model = learner_model(seed=seed)

@@ -17,6 +17,7 @@ from vllm.distributed.weight_transfer.base import TrainerInitInfo, TrainerWeight
 from vllm.distributed.weight_transfer.factory import WeightTransferTrainerFactory
 
 from loomrl.engines.transfer_native import NativeLink, check_native, trainer_init_info
+from loomrl.engines.vllm_sync import engine_env
 from loomrl.train import TrainConfig
 
 BACKEND = "loomrl_test_record"
@@ -71,6 +72,7 @@ class Target:
     def __init__(self) -> None:
         self.calls: list[str] = []
         self.version = 0
+        self.backend = BACKEND
         self.loop_thread: list[bool] = []
 
     @contextlib.asynccontextmanager
@@ -82,6 +84,10 @@ class Target:
             self.calls.append(f"stamp {version}")
         finally:
             self.calls.append("resume")
+
+    async def transfer_backend(self) -> str:
+        self.calls.append("backend")
+        return self.backend
 
     async def transfer_workers(self) -> int:
         self.calls.append("workers")
@@ -111,7 +117,7 @@ def weights() -> dict[str, torch.Tensor]:
 
 def link() -> NativeLink:
     return NativeLink(
-        BACKEND, init_info=lambda workers: RecordInit(workers=workers, rank=0),
+        BACKEND, init_info=lambda workers, largest: RecordInit(workers=workers, rank=0),
         device=torch.device("cpu"),
     )  # fmt: skip
 
@@ -122,8 +128,8 @@ async def test_a_sync_pauses_sets_up_once_and_runs_vllms_round_trip_in_order():
     await native.push(target, sent, torch.bfloat16, 1)
     await native.push(target, sent, torch.bfloat16, 2, keep=True)
     assert target.calls == [
-        "pause keep=False", "workers", "init {'workers': 2}", "start", "update 3", "finish",
-        "stamp 1", "resume",
+        "backend", "pause keep=False", "workers", "init {'workers': 2}", "start", "update 3",
+        "finish", "stamp 1", "resume",
         "pause keep=True", "start", "update 3", "finish", "stamp 2", "resume",
     ]  # fmt: skip
     assert target.loop_thread == [True, True]  # the client's calls run on the engine's loop
@@ -154,6 +160,10 @@ def test_the_init_infos_of_vllms_backends():
     assert nccl.master_address == "127.0.0.1" and nccl.master_port > 0
     ipc = trainer_init_info("ipc", "127.0.0.1", workers=1)
     assert ipc.packed and ipc.is_sender  # bounded buffers
+    assert ipc.packed_buffer_size_bytes == 1 << 30  # vLLM's default
+    embedding = 151936 * 4096 * 2  # a bf16 8B model's: over the default buffer
+    big = trainer_init_info("ipc", "127.0.0.1", workers=1, largest_bytes=embedding)
+    assert big.packed_buffer_size_bytes == embedding  # vLLM refuses a tensor over it
     with pytest.raises(ValueError, match="no native weight transfer 'gloo'"):
         trainer_init_info("gloo", "127.0.0.1", 1)
 
@@ -167,15 +177,20 @@ def test_a_native_sync_without_cuda_says_what_to_use():
 def test_settings_that_cannot_carry_a_native_sync_are_refused():
     with pytest.raises(ValueError, match=r"'ipc' maps the learner's tensors .* colocate = true"):
         TrainConfig(weight_sync="ipc")
-    with pytest.raises(ValueError, match="a colocated engine shares the learner's GPU: use"):
-        TrainConfig(weight_sync="nccl", colocate=True)
-    with pytest.raises(ValueError, match="engines on other GPUs or servers: 'nccl'"):
+    with pytest.raises(ValueError, match="servers on other GPUs: 'nccl'"):
         TrainConfig(weight_sync="ipc", engines=["http://127.0.0.1:8000"])
-    with pytest.raises(ValueError, match="\\[ray\\] engine actors take weight_sync = 'transfer'"):
-        TrainConfig(weight_sync="nccl", ray={})
+    # An in-process engine starts on the learner's GPU: NCCL cannot put two ranks there.
+    for engines in (
+        [],
+        ["smollm2-135m-instruct"],
+        ["http://10.0.0.2:8000", "smollm2-135m-instruct"],
+    ):
+        with pytest.raises(ValueError, match="an in-process engine starts on the learner's GPU"):
+            TrainConfig(weight_sync="nccl", engines=engines)
+    with pytest.raises(ValueError, match=r"\[ray\] engine actors take weight_sync = 'transfer'"):
+        TrainConfig(weight_sync="nccl", engines=["http://10.0.0.2:8000"], ray={})
     assert TrainConfig(weight_sync="ipc", colocate=True).weight_sync == "ipc"
     assert TrainConfig(weight_sync="nccl", engines=["http://10.0.0.2:8000"]).engines
-    assert TrainConfig(weight_sync="nccl").weight_sync == "nccl"
 
 
 class Streamed(dict):
@@ -217,3 +232,67 @@ async def test_a_sharded_learners_streamed_weights_are_read_once_in_order_and_re
     with pytest.raises(ConnectionError):
         await native.push(target, failed, torch.float32, 2)
     assert failed.closed == 1  # released: the other ranks leave their gathers
+
+
+async def test_an_engine_started_for_another_backend_is_refused_before_any_rendezvous():
+    RecordEngine.made.clear()
+    target = Target()
+    target.backend = "loomrl_tcp"
+    with pytest.raises(
+        ValueError, match="needs an engine started with vLLM's 'loomrl_test_record'"
+    ):
+        await link().push(target, weights(), torch.float32, 1)
+    assert target.calls == ["backend"] and not RecordEngine.made  # nothing paused or opened
+
+
+async def test_a_cancelled_sync_shuts_its_trainer_engine_down_only_once_its_thread_is_out():
+    import asyncio
+
+    RecordEngine.made.clear()
+    target, native = Target(), link()
+    await native.push(target, weights(), torch.float32, 1)
+    (engine,) = RecordEngine.made
+    entered, gate = threading.Event(), threading.Event()
+    send = engine.send_weights
+
+    def blocked() -> None:  # stuck inside "the collective" until the gate opens
+        entered.set()
+        gate.wait(10)
+        send()
+
+    engine.send_weights = blocked
+    task = asyncio.create_task(native.push(target, weights(), torch.float32, 2))
+    while not entered.is_set():
+        await asyncio.sleep(0.01)
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+    assert not engine.closed  # its thread is still sending: not torn down under it
+    gate.set()
+    for _ in range(200):
+        if engine.closed:
+            break
+        await asyncio.sleep(0.01)
+    assert engine.closed and target.version == 1
+    await native.push(target, weights(), torch.float32, 3)  # a new rendezvous
+    assert target.version == 3 and len(RecordEngine.made) == 2
+
+
+def test_ipc_handles_reach_the_engine_core_only_with_the_env_an_ipc_engine_starts_with(
+    monkeypatch,
+):
+    """An in-process engine's core is another process: ``update_weights`` arguments go
+    through vLLM's msgpack encoder, which refuses the classes inside IPC handles unless
+    pickling is allowed (``engine_env("ipc")``, set before the engine starts)."""
+    from torch.multiprocessing.reductions import reduce_tensor
+    from vllm.v1.serial_utils import MsgpackEncoder
+
+    _, args = reduce_tensor(torch.zeros(4))  # a CPU tensor's handle: the same kinds inside
+    payload = {"names": ["w"], "ipc_handles": [{"GPU-0": args}]}
+    monkeypatch.delenv("VLLM_ALLOW_INSECURE_SERIALIZATION", raising=False)
+    with pytest.raises(TypeError, match="VLLM_ALLOW_INSECURE_SERIALIZATION"):
+        MsgpackEncoder().encode(payload)
+    for name, value in engine_env("ipc").items():
+        monkeypatch.setenv(name, value)
+    assert MsgpackEncoder().encode(payload)
+    assert engine_env("nccl") == engine_env("transfer") == {}  # nothing pickled there
