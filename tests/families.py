@@ -9,11 +9,13 @@ from __future__ import annotations
 import copy
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from contract import check_contract
 
 from loomrl import parsers
 from loomrl.envs.calculator import CalculatorEnv
+from loomrl.tokens import ChatTokenizer
 from loomrl.types import Status
 
 FIXTURES = Path(__file__).parent / "fixtures" / "chat_templates"
@@ -49,6 +51,11 @@ class Family:
     # prompts ("\n\n") in two when text follows it, one token when it stands alone: the
     # model's turns cannot match a re-encoding there, so the check is on the text.
     text_level: bool = False
+    # Rendering options: Llama 3.2's template writes today's date unless given one.
+    template_kwargs: tuple[tuple[str, str], ...] = ()
+
+    def chat(self, tok: Any) -> ChatTokenizer:
+        return ChatTokenizer(tok, template_kwargs=dict(self.template_kwargs))
 
 
 FAMILIES = {
@@ -61,6 +68,9 @@ FAMILIES = {
     "qwen3_5": Family(FIXTURES / "qwen3_5.jinja", "qwen3_coder", (*QWEN,), text_level=True),
     "llama3_1": Family(FIXTURES / "llama3_1.jinja", "llama3_json", (*LLAMA,),
                        "<|begin_of_text|>", "<|eot_id|>", text_level=True),
+    "llama3_2": Family(FIXTURES / "llama3_2.jinja", "llama3_json", (*LLAMA,),
+                       "<|begin_of_text|>", "<|eot_id|>", text_level=True,
+                       template_kwargs=(("date_string", "29 Nov 2026"),)),
     "mistral_args": Family(FIXTURES / "mistral_args.jinja", "mistral", (*MISTRAL,), "<s>", "</s>"),
     "glm45": Family(DATA / "glm4moe_chat_template.jinja", "glm45", (*GLM,), None, None,
                     ("<|user|>", "<|observation|>")),
@@ -97,8 +107,9 @@ def written(tok, family: Family, message: dict, after: list[dict]) -> str:
     generation prompt, up to the first marker that ends a turn (GLM's template ends a
     turn with the next message's marker, which the model writes as its stop)."""
     user = [{"role": "user", "content": "Q"}]
-    prompt = tok.apply_chat_template(user, add_generation_prompt=True, tokenize=False)
-    full = tok.apply_chat_template([*user, message, *after], tokenize=False)
+    kwargs = dict(family.template_kwargs)
+    prompt = tok.apply_chat_template(user, add_generation_prompt=True, tokenize=False, **kwargs)
+    full = tok.apply_chat_template([*user, message, *after], tokenize=False, **kwargs)
     assert full.startswith(prompt)
     text = full[len(prompt) :]
     found = [(text.find(end), end) for end in ends(tok, family) if end in text]

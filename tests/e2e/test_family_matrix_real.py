@@ -31,7 +31,7 @@ pytestmark = [pytest.mark.e2e, pytest.mark.filterwarnings("ignore::loomrl.tokens
 # The architecture each family is built as; families listed together share an engine.
 ARCHS = {
     "qwen3": ["hermes", "qwen3_coder", "qwen3_5"],  # first: the thinking test shares it
-    "llama": ["llama3_1"],
+    "llama": ["llama3_1", "llama3_2"],
     "mistral": ["mistral", "mistral_args"],
     "gpt_oss": ["gpt_oss"],
     "glm4_moe": ["glm45"],
@@ -139,7 +139,7 @@ async def test_a_three_turn_tool_episode_on_vllm_is_token_exact(
     family = FAMILIES[name]
     tok = family_tokenizer(tokenizer, family)
     engine = await engines.get(arch)
-    chat = ChatTokenizer(tok)
+    chat = family.chat(tok)
     scripts = [chat.encode(text) for text in replies(tok, family)]
     prompts: list[list[int]] = []
     generate, params = forced(engine, scripts, prompts)

@@ -26,7 +26,6 @@ from families import (
 )
 
 import loomrl
-from loomrl.tokens import ChatTokenizer
 from loomrl.types import Status
 
 
@@ -36,7 +35,7 @@ def tokenizers(tokenizer):
 
 
 async def play(make_engine, tok, family: Family, texts: list[str]):
-    chat = ChatTokenizer(tok)
+    chat = family.chat(tok)
     prompts: list[list[int]] = []
 
     def reply(prompt_ids, params):
