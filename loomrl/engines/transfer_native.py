@@ -31,6 +31,7 @@ from vllm.distributed.weight_transfer.base import (
     materialize_full_tensor,
 )
 
+from loomrl.aio import in_own_thread
 from loomrl.engines.transfer_sender import StreamedWeights, reach_address, release
 
 NATIVE_BACKENDS: tuple[str, ...] = ("nccl", "ipc")
@@ -241,7 +242,7 @@ class NativeLink:
                 torch.cuda.set_device(device)  # vLLM's engines read the thread's device
             return call(*args)
 
-        future = asyncio.get_running_loop().run_in_executor(None, run)
+        future = in_own_thread(run)  # never parked behind other work in a shared pool
         try:
             return await asyncio.shield(future)
         except asyncio.CancelledError:

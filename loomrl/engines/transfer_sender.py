@@ -22,6 +22,7 @@ import time
 from collections.abc import Iterator, Mapping
 from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
+from loomrl.aio import in_own_thread
 from loomrl.engines.transfer_wire import (
     BUCKET_BYTES,
     TensorMeta,
@@ -106,7 +107,7 @@ async def release(*weights: Any) -> None:
     thread: finishing a pass may gather the tensors no one read); other weights stay."""
     for each in weights:
         if isinstance(each, StreamedWeights):
-            await asyncio.to_thread(each.close)
+            await in_own_thread(each.close)
 
 
 class TransferSender:
@@ -218,7 +219,7 @@ class TransferLink:
             "shapes": [list(m.shape) for m in metas],
             "bucket_bytes": self.bucket_bytes,
         }
-        sending = asyncio.ensure_future(asyncio.to_thread(sender.send, weights, metas))
+        sending = in_own_thread(sender.send, weights, metas)  # it may wait for other readers
         receiving = asyncio.ensure_future(target.receive_transfer(update_info, version, keep=keep))
         try:
             await asyncio.wait({sending, receiving}, return_when=asyncio.FIRST_EXCEPTION)
@@ -231,6 +232,7 @@ class TransferLink:
             await receiving
         except BaseException:
             self.close()  # unblocks both: a send or a read on a closed connection fails
+            await release(weights)  # and a send parked for the other readers of a stream
             for task in (sending, receiving):
                 with contextlib.suppress(BaseException):
                     await task

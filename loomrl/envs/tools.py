@@ -35,7 +35,7 @@ from typing import Any
 from loomrl import parsers
 from loomrl.envs.base import Environment, EnvState, EnvStep, Message, call
 from loomrl.envs.schema import function_schema, validate_arguments
-from loomrl.parsers import ParsedCall, ToolCall, ToolCallError, call_id, read_reply, tool_call
+from loomrl.parsers import ParsedCall, ToolCall, ToolCallError, new_call_id, read_reply, tool_call
 
 #: The parameter name through which a tool receives its episode's ``EnvState``.
 STATE_PARAMETER = "state"
@@ -157,12 +157,13 @@ class ToolEnv(Environment):
         return EnvStep(messages=messages, done=False, info=info)
 
     def call_ids(self, state: EnvState, attempts: Sequence[ParsedCall]) -> list[str]:
-        """One id per call attempt, numbered on from the episode's tool messages so far
-        (the model's own id kept where the format allows: ``loomrl.parsers.call_id``)."""
-        done = sum(1 for m in state.messages if m.get("role") == "tool")
+        """One id per call attempt, none the episode has used before (the model's own id
+        kept where the format allows and it is new: ``loomrl.parsers.new_call_id``)."""
+        issued = {m["tool_call_id"] for m in state.messages if m.get("tool_call_id")}
+        issued |= {c["id"] for m in state.messages for c in m.get("tool_calls") or []}
         return [
-            call_id(self.parser, done + n, a.id if isinstance(a, ToolCall) else None)
-            for n, a in enumerate(attempts, start=1)
+            new_call_id(self.parser, issued, a.id if isinstance(a, ToolCall) else None)
+            for a in attempts
         ]
 
     def final_answer(self, state: EnvState) -> str | None:

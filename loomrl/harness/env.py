@@ -74,7 +74,8 @@ class _Episode:
     reported: dict[str, int] = field(default_factory=dict)  # counts already sent as metrics
     extended: int = 0  # later requests that extended the conversation
     forked: int = 0  # ... and that rewrote it
-    calls: int = 0  # call ids made so far (in the format's form: ``_call_id``)
+    issued: set[str] = field(default_factory=set)  # call ids given so far (``_call_id``)
+    tag: str = field(default_factory=lambda: uuid.uuid4().hex[:8])  # in ids of free form
 
 
 class HarnessEnv(Environment):
@@ -172,7 +173,7 @@ class HarnessEnv(Environment):
         offered = session.tools if request.tool_choice == "auto" else None
         text = before_stop(message["content"], request.stop, request.keep_stop)
         api_message, invalid = answer_message(
-            text, self.parser, offered, lambda given: self._call_id(episode, given)
+            text, self.parser, offered, lambda given: self._answer_id(episode, given)
         )
         if api_message.get("tool_calls"):  # the turn read as structure, beside its text
             message["tool_calls"] = as_template(api_message)["tool_calls"]
@@ -249,18 +250,27 @@ class HarnessEnv(Environment):
             lambda given: self._call_id(episode, given),
         )
 
+    def _answer_id(self, episode: _Episode, given: str | None) -> str:
+        """The id an answer gives a call the model wrote (``given``: the id it wrote):
+        never one the episode gave before (a model copies ids from its context), in the
+        format's form (Mistral's templates check it), the model's own where that holds;
+        a format without a form of its own gets ``call_<episode>_<n>``, unique across
+        episodes too (clients may key calls by id)."""
+        if given is None and getattr(self.parser, "call_id", None) is None:
+            given = f"call_{episode.tag}_{len(episode.issued) + 1}"
+        return parsers.new_call_id(self.parser, episode.issued, given)
+
     def _call_id(
         self, episode: _Episode, given: str | None, echoed: dict[str, str] | None = None
     ) -> str:
-        """The id of a call (or of the call a tool result answers) that a client or the
-        model gave ``given``: the id it was answered with (``echoed``: a client may rewrite
-        ids), kept where the format takes it, else the episode's next in the format's form
+        """The id of a call (or of the call a tool result answers) in a client's history,
+        as the template renders it: the id it was answered with (``echoed``: a client may
+        rewrite ids), kept where the format takes it, else a new one in the format's form
         (``loomrl.parsers.call_id``; Mistral's templates check it)."""
         given = (echoed or {}).get(given or "", given)
-        made = parsers.call_id(self.parser, episode.calls + 1, given)
-        if made != given:
-            episode.calls += 1
-        return made
+        if given and parsers.call_id(self.parser, 1, given) == given:
+            return given
+        return parsers.new_call_id(self.parser, episode.issued)
 
     async def _next(self, episode: _Episode) -> ChatRequest | None:
         """The program's next request; None when it ended; its failure or the episode's

@@ -28,6 +28,7 @@ from loomrl.parsers.qwen3_coder import Qwen3CoderParser
 from loomrl.parsers.replies import (
     Reply,
     call_id,
+    new_call_id,
     prose,
     read_reply,
     template_messages,
@@ -80,6 +81,7 @@ __all__ = [
     "available",
     "call_id",
     "get",
+    "new_call_id",
     "prose",
     "read_reply",
     "register",

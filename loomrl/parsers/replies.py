@@ -67,6 +67,21 @@ def call_id(parser: ToolCallParser, n: int, given: str | None = None) -> str:
     return given or f"call_{n}"
 
 
+def new_call_id(parser: ToolCallParser, issued: set[str], given: str | None = None) -> str:
+    """A new call's id (``call_id``'s form), never one of the episode's ``issued`` ids
+    (added to them): a model copies ids it has seen in its context, and two calls under
+    one id mix up their results. The model's own id is kept when it is new and the
+    format takes it."""
+    if given and given not in issued and call_id(parser, len(issued) + 1, given) == given:
+        issued.add(given)
+        return given
+    n = len(issued) + 1
+    while (made := call_id(parser, n)) in issued:
+        n += 1
+    issued.add(made)
+    return made
+
+
 def tool_call(call: ToolCall, id_: str) -> Message:
     """A call as a message's ``tool_calls`` item: OpenAI's shape, with ``arguments`` as
     the decoded object (what chat templates take; the wire form is its JSON text)."""

@@ -141,13 +141,14 @@ class LearnerGroup:
 
     def order(self, kind: str, *args: Any) -> None:
         """Every other rank does ``TrainModels.<kind>(*args)``; the caller does it too."""
-        self.finish_streaming()
-        for proc in self.ranks:
+        for proc in self.ranks:  # a dead rank is named before any collective waits on it
             if proc.poll() is not None:
                 raise RuntimeError(
                     f"learner rank {self.ranks.index(proc) + 1} exited ({proc.returncode}); "
                     "see its error above"
                 )
+        self.finish_streaming()
+        for proc in self.ranks:
             assert proc.stdin is not None
             send(proc.stdin, (kind, args))
 

@@ -68,6 +68,7 @@ class GatheredWeights(Mapping[str, Tensor]):
         self._next = 0  # the next entry to gather
         self._held: dict[int, tuple[Tensor, set[int]]] = {}  # and the readers still to take it
         self._open: set[int] = set()
+        self._started: set[int] = set()  # readers that have asked for a tensor
         self._readers: list[WeightsReader] | None = None
         self.held_bytes = 0  # gathered and not yet taken by every reader
         self.peak_bytes = 0
@@ -124,6 +125,7 @@ class GatheredWeights(Mapping[str, Tensor]):
     def _take(self, reader: int, name: str) -> Tensor:
         i = self._index[name]  # KeyError for a name the model has not, as a Mapping's
         with self._cond:
+            self._started.add(reader)
             while True:
                 if reader not in self._open:
                     raise RuntimeError("a closed reader of streamed weights was read")
@@ -140,8 +142,12 @@ class GatheredWeights(Mapping[str, Tensor]):
 
     def _must_wait(self, reader: int, i: int) -> bool:
         """Whether ``reader``, asking past what is gathered, is a window ahead of a slower
-        reader (one it never waits on when it skipped held tensors itself)."""
+        reader (one it never waits on when it skipped held tensors itself, nor while a
+        reader has not begun: one that reads on the event loop, or is yet to get a
+        thread, would never come to free it)."""
         if any(reader in waiting for _, waiting in self._held.values()):
+            return False
+        if self._open - self._started:
             return False
         upcoming = sum(_nbytes(v) for _, v in self._entries[self._next : i + 1])
         return bool(self._held) and self.held_bytes + upcoming > self.window_bytes

@@ -232,5 +232,28 @@ async def test_altered_tool_calls_fork_rather_than_fail(make_engine, tokenizers,
         assert resent["function"]["arguments"] == {"expression": "12*3"}
     if name == "mistral":  # the client's id is not Mistral's form: one made for it
         first, second = (m["tool_call_id"] for m in traj.messages if m["role"] == "tool")
-        assert first == "call00001" and second == CALLS[1][1]
+        assert first == "call00002" and second == CALLS[1][1]  # the episode's second id
     check(tok, chat, family, traj, ends_on_call=True)
+
+
+async def test_mistral_ids_the_model_copies_are_never_given_twice(make_engine, tokenizers):
+    """A model copies ids it has seen (Mistral shows them in its results): an answer
+    never gives two calls one id, in one turn or across turns, or a client's results
+    would mix up."""
+    family, tok = FAMILIES["mistral"], tokenizers["mistral"]
+
+    def call(expression: str, id_: str = "") -> str:
+        given = f', "id": "{id_}"' if id_ else ""
+        return f'{{"name": "calculate", "arguments": {{"expression": "{expression}"}}{given}}}'
+
+    texts = [
+        f"[TOOL_CALLS] [{call('12 * 3')}]</s>",  # no id: call00001
+        f"[TOOL_CALLS] [{call('12 * 3')}, {call('36 + 4', 'call00002')}]</s>",  # made, written
+        f"[TOOL_CALLS] [{call('36 + 4', 'call00001')}, {call('12 * 3', 'call00001')}]</s>",
+        " Answer: 40</s>",
+    ]  # the third turn copies an id from its context, twice
+    _, traj, _, seen = await play(make_engine, tok, family, texts)
+    assert traj.status == Status.TERMINATED and traj.reward == 1.0, traj.error
+    ids = [c.id for r in seen for c in r.choices[0].message.tool_calls or []]
+    assert len(ids) == 5 and len(set(ids)) == 5, ids
+    assert ids[:3] == ["call00001", "call00002", "call00003"]

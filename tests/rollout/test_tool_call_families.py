@@ -119,3 +119,17 @@ async def test_a_malformed_call_stays_text_and_is_answered_by_an_id_of_its_own(
     assert second["tool_call_id"] == good["tool_calls"][0]["id"] == "call00002"
     full = traj.prompt_ids + traj.completion_ids
     assert all(full[: len(p)] == p for p in prompts)
+
+
+async def test_an_id_the_model_copies_is_never_given_to_a_second_call(make_engine, tokenizers):
+    """A model copies ids from its context (Mistral's results show them): a call whose id
+    the episode gave before gets a new one, so no two results answer one id."""
+    family, tok = FAMILIES["mistral"], tokenizers["mistral"]
+    call = '[TOOL_CALLS] [{{"name": "calculate", "arguments": {{"expression": "{}"}}, '
+    call += '"id": "a1B2c3D4e"}}]</s>'
+    texts = [call.format("12 * 3"), call.format("36 + 4"), " Answer: 40</s>"]
+    _, traj, _ = await play(make_engine, tok, family, texts)
+    assert traj.status == Status.TERMINATED and traj.reward == 1.0
+    ids = [m["tool_calls"][0]["id"] for m in traj.messages if m.get("tool_calls")]
+    answered = [m["tool_call_id"] for m in traj.messages if m["role"] == "tool"]
+    assert ids == answered == ["a1B2c3D4e", "call00002"]  # the model's own first, then new

@@ -121,18 +121,33 @@ def test_a_reader_a_window_ahead_waits_for_the_slower_one():
     source = GatheredWeights(model, window_bytes=64)  # one 64-byte weight at a time
     fast, slow = source.split(2)
     names = list(source)
+    assert torch.equal(slow[names[0]], model.state_dict()[names[0]])  # slow has begun
     taken: list[str] = []
     ahead = threading.Thread(target=lambda: taken.extend(n for n in names if fast[n] is not None))
     ahead.start()
     ahead.join(timeout=0.5)
-    assert ahead.is_alive() and taken == names[:1]  # waits for slow to take the first
-    for name in names:
+    assert ahead.is_alive() and taken == names[:2]  # waits for slow to take the second
+    for name in names[1:]:
         assert torch.equal(slow[name], model.state_dict()[name])
         assert source.held_bytes <= 2 * 64
     ahead.join(timeout=5)
     assert taken == names and source.peak_bytes <= 2 * 64
     fast.close()
     slow.close()
+    assert source.finished
+
+
+def test_a_reader_that_has_not_begun_holds_no_one_up():
+    """A reader yet to begin (its send waits for a thread, or it reads on the event
+    loop after the others) could never free a reader that waits for it: none does."""
+    model = torch.nn.Sequential(*(torch.nn.Linear(4, 4, bias=False) for _ in range(6)))
+    source = GatheredWeights(model, window_bytes=64)
+    fast, late = source.split(2)
+    names = list(source)
+    assert [n for n in names if fast[n] is not None] == names  # no wait, no deadlock
+    assert all(torch.equal(late[n], model.state_dict()[n]) for n in names)
+    fast.close()
+    late.close()
     assert source.finished
 
 
