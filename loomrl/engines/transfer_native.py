@@ -1,6 +1,7 @@
 """vLLM's own weight-transfer backends, for engines on GPUs: ``weight_sync = "nccl"`` (the
-learner's GPU and the engine's workers in one NCCL group: another GPU of this host, or a
-server on another host) and ``"ipc"`` (CUDA IPC: the engine's workers map the learner's
+learner's GPU and the engine's workers in one NCCL group: a server's, on any host; an
+in-process engine only where it was placed on GPUs other than the learner's, which a
+training run does not do) and ``"ipc"`` (CUDA IPC: the engine's workers map the learner's
 tensors on the GPU they share, ``colocate = true``).
 
 loomrl drives vLLM's trainer-side engines (``WeightTransferTrainerFactory``): they
