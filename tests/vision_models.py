@@ -87,3 +87,15 @@ def trajectory(
         images=[image_hash(i) for i in load_message_images(messages)],
         turns=len(turns), status=Status.TERMINATED, reward=reward,
     )  # fmt: skip
+
+
+def user(*parts: Any) -> dict[str, Any]:
+    return {"role": "user", "content": list(parts)}
+
+
+def image(value: Any) -> dict[str, Any]:
+    return {"type": "image", "image": value}
+
+
+def text(value: str) -> dict[str, Any]:
+    return {"type": "text", "text": value}

@@ -33,7 +33,12 @@ from vllm.distributed.weight_transfer.base import (
 )
 
 from loomrl.aio import in_own_thread
-from loomrl.engines.transfer_sender import StreamedWeights, reach_address, release
+from loomrl.engines.transfer_sender import (
+    StreamedWeights,
+    reach_address,
+    release,
+    weight_metas,
+)
 
 NATIVE_BACKENDS: tuple[str, ...] = ("nccl", "ipc")
 
@@ -102,23 +107,13 @@ class MappingSource(WeightSource):
     ) -> None:
         self.weights, self.dtype, self.device = weights, dtype, device
 
-    def _specs(self) -> list[tuple[str, torch.dtype, tuple[int, ...]]]:
-        if isinstance(self.weights, StreamedWeights):
-            return self.weights.specs()
-        return [(name, t.dtype, tuple(t.shape)) for name, t in self.weights.items()]
-
-    def _wire_dtype(self, kind: torch.dtype) -> torch.dtype:
-        return self.dtype if kind.is_floating_point else kind
-
     def metadata(self) -> list[ParamMeta]:
-        return [
-            ParamMeta(name, self._wire_dtype(kind), shape) for name, kind, shape in self._specs()
-        ]
+        return [ParamMeta(m.name, m.dtype, m.shape) for m in weight_metas(self.weights, self.dtype)]
 
     def __iter__(self) -> Iterator[tuple[str, torch.Tensor]]:
-        for name, kind, _ in self._specs():
-            full = materialize_full_tensor(self.weights[name]).detach()
-            yield name, full.to(device=self.device, dtype=self._wire_dtype(kind)).contiguous()
+        for meta in weight_metas(self.weights, self.dtype):
+            full = materialize_full_tensor(self.weights[meta.name]).detach()
+            yield meta.name, full.to(device=self.device, dtype=meta.dtype).contiguous()
 
 
 def trainer_init_info(

@@ -12,6 +12,7 @@ from __future__ import annotations
 import pytest
 import torch
 from PIL import Image
+from vision_models import image, text, user
 
 from loomrl.models import resolve
 from loomrl.token_check import verify
@@ -56,18 +57,6 @@ def processor(split_dir):
 @pytest.fixture(scope="module")
 def chat(split_dir):
     return vision_chat(split_dir)
-
-
-def user(*parts):
-    return {"role": "user", "content": list(parts)}
-
-
-def image(value):
-    return {"type": "image", "image": value}
-
-
-def text(value):
-    return {"type": "text", "text": value}
 
 
 def processed(processor, chat, messages, images, generation_prompt=True):

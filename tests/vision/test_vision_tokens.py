@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import pytest
 from PIL import Image
+from vision_models import image, text, user
 
 from loomrl.models import resolve
 from loomrl.token_check import verify
@@ -36,18 +37,6 @@ def processor(model_dir):
 def processed(processor, chat, messages, images, generation_prompt):
     text = chat.render(messages, add_generation_prompt=generation_prompt)
     return list(processor(text=[text], images=[images] if images else None)["input_ids"][0])
-
-
-def user(*parts):
-    return {"role": "user", "content": list(parts)}
-
-
-def image(value):
-    return {"type": "image", "image": value}
-
-
-def text(value):
-    return {"type": "text", "text": value}
 
 
 def test_prompt_ids_are_the_processors(chat, processor):
