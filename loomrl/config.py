@@ -92,7 +92,9 @@ class RolloutConfig(BaseModel):
     env_args: dict[str, Any] = Field(
         default_factory=dict, description="keyword arguments for the environment"
     )
-    model: str = Field(DEFAULT_MODEL, description="model spec or local HF directory")
+    model: str = Field(
+        DEFAULT_MODEL, description="model spec, local HF directory, or Hub name org/name[@rev]"
+    )
     data: DataConfig | None = Field(
         None, description="examples from a data file instead of the env's generator"
     )

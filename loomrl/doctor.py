@@ -11,10 +11,15 @@ import importlib.util
 import os
 from dataclasses import dataclass
 from importlib import metadata
+from pathlib import Path
+from typing import TYPE_CHECKING
 
 import psutil
 
 from loomrl.models import NAMED, is_prepared, models_dir
+
+if TYPE_CHECKING:
+    from loomrl.train.memory_plan import MemoryPlan
 
 
 @dataclass(frozen=True)
@@ -126,6 +131,32 @@ def check_sandbox() -> Check:
     if works:
         return Check("sandbox", True, f"bwrap ({detail})")
     return Check("sandbox", False, f"rlimit-only — {detail}", bwrap.INSTALL_HINT)
+
+
+def check_plan(path: Path) -> tuple[Check, MemoryPlan | None]:
+    """The memory plan of the training run ``path`` configures, on this machine's devices
+    now (``loomrl.train.memory_plan``; nothing loads): a row, and the plan to show."""
+    from pydantic import ValidationError
+
+    from loomrl.config import describe
+
+    try:
+        from loomrl.train.config import TrainConfig
+        from loomrl.train.memory_plan import plan_memory
+
+        plan = plan_memory(TrainConfig.load(path))
+    except ValidationError as exc:  # each field's error, not pydantic's count of them
+        return Check("memory plan", False, describe(exc, path, model=TrainConfig), ""), None
+    except Exception as exc:  # a bad config or model is this row's state, not a crash
+        detail = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+        return Check("memory plan", False, detail, f"fix {path}"), None
+    where = ", ".join(sorted({d.memory.name for d in plan.devices}))
+    detail = f"{where}: micro_batch_tokens {plan.micro_batch_tokens:,}"
+    if plan.engine_utilization is not None:
+        detail += f", engine gpu_memory_utilization {plan.engine_utilization}"
+    if plan.refusal is not None:
+        return Check("memory plan", False, "does not fit", plan.refusal), plan
+    return Check("memory plan", True, detail), plan
 
 
 def run_checks() -> list[Check]:

@@ -166,7 +166,8 @@ class ChatTokenizer:
 
     @classmethod
     def from_model(cls, spec: str | None = None, **kwargs: Any) -> ChatTokenizer:
-        """Build from a loomrl model spec (default model if ``None``; never downloaded)."""
+        """Build from a loomrl model spec (default model if ``None``; a Hub name through
+        the Hugging Face cache: ``loomrl.models.resolve``)."""
         from transformers import AutoTokenizer
 
         from loomrl.models import DEFAULT_MODEL, resolve

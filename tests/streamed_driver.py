@@ -57,7 +57,7 @@ def main(out_path: Path) -> None:
         out["full"] = load_lm(resolve("tiny-random"), models.placement.dtype).state_dict()
     finally:
         group.close()
-    out["ranks"] = [proc.returncode for proc in group.ranks]
+    out["ranks"] = [proc.returncode for proc in group.ranks.procs]
     torch.save(out, out_path)
 
 

@@ -31,6 +31,7 @@ the step's metrics. ``log ρ_t`` is clamped to ±20 first.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import torch
@@ -110,23 +111,26 @@ def correct(
             outside = (ratio > cap) if name == "mis" else (ratio < low) | (ratio > high)
             outside &= ours
             return Corrected(torch.where(outside, 0.0, ratio), outside, none, log_ratio)
-        per_seq = _sequence_sums(log_ratio, owner, num_samples)  # Σ log ρ_t per sample
+        per_seq = sequence_sums(log_ratio, owner, num_samples)  # Σ log ρ_t per sample
         seq_log = per_seq[owner.clamp(min=0)]
         if name == "seq_tis":
-            weight = seq_log.clamp(max=torch.log(torch.tensor(cap))).exp()
+            weight = seq_log.clamp(max=math.log(cap)).exp()
             return Corrected(
                 torch.where(ours, weight, 1.0), none, ours & (seq_log.exp() > cap), log_ratio
             )
         if name == "geo_mask":
-            counts = _sequence_sums(ours.float(), owner, num_samples).clamp(min=1)
+            counts = sequence_sums(ours.float(), owner, num_samples).clamp(min=1)
             seq_log = (per_seq / counts)[owner.clamp(min=0)]
         value = seq_log.exp()
         outside = ours & ((value < low) | (value > high))
         return Corrected(torch.where(outside, 0.0, ones), outside, none, log_ratio)
 
 
-def _sequence_sums(values: Tensor, owner: Tensor, num_samples: int) -> Tensor:
-    """``[num_samples]`` sums of ``values`` over each sample's tokens (owner >= 0)."""
+def sequence_sums(values: Tensor, owner: Tensor, num_samples: int) -> Tensor:
+    """``[num_samples]`` sums of ``values [*]`` over each sample's tokens (``owner [*]``
+    >= 0; -1 adds nothing). Masked arithmetic on precomputed indices: no boolean-mask
+    indexing, whose output size the host would have to read from the device."""
     ours = owner >= 0
     sums = torch.zeros(num_samples, dtype=values.dtype, device=values.device)
-    return sums.index_add_(0, owner[ours], values[ours])
+    masked = values.masked_fill(~ours, 0)
+    return sums.index_add_(0, owner.clamp(min=0).flatten(), masked.flatten())

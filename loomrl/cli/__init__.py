@@ -38,6 +38,7 @@ from loomrl.cli.report import cmd_report
 from loomrl.cli.rollout import cmd_rollout
 from loomrl.cli.serve import cmd_serve
 from loomrl.cli.train import cmd_train
+from loomrl.run.rank_group import LearnerRankError
 
 __all__ = [
     "build_parser", "cmd_doctor", "cmd_envs", "cmd_eval", "cmd_experience", "cmd_generate",
@@ -83,6 +84,11 @@ def main(argv: list[str] | None = None) -> int:
             traceback.print_exc()
         print_error(one_line(exc))
         return 2
+    except LearnerRankError as exc:  # a fault of the run, named: one line, not a traceback
+        if debugging():
+            traceback.print_exc()
+        print_error(one_line(exc))
+        return 1
     except KeyboardInterrupt as exc:  # Ctrl-C or SIGTERM; a run says how to continue
         print_error(f"interrupted; {exc}" if str(exc) else "interrupted")
         return 130

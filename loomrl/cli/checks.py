@@ -12,7 +12,7 @@ from typing import Any, TypeVar
 
 from pydantic import BaseModel, ValidationError
 
-from loomrl.cli.output import UsageError
+from loomrl.cli.output import UsageError, print_note
 from loomrl.config import describe
 from loomrl.models import check_spec
 
@@ -38,7 +38,24 @@ def load_config(cls: type[Config], path: Path | None, overrides: Mapping[str, An
 
 
 def check_model(spec: str) -> None:
+    """``spec`` checked (a Hub name resolved, downloaded where allowed), and where a Hub
+    name resolved to printed once."""
     check_spec(spec)
+    print_resolved(spec)
+
+
+def print_resolved(*specs: str | None, data: str | Path | None = None) -> None:
+    """One note per Hub name among the model ``specs`` and the ``data`` path: the commit
+    it resolved to and its directory in the cache (each resolved already)."""
+    from loomrl.data.hub import hub_note as data_note
+    from loomrl.models import hub_note
+
+    notes = [hub_note(spec) for spec in dict.fromkeys(s for s in specs if s)]
+    if data is not None:
+        notes.append(data_note(data))
+    for note in notes:
+        if note is not None:
+            print_note(note)
 
 
 def model_flags(values: list[str] | None) -> dict[str, Any]:

@@ -1,5 +1,5 @@
 """The data flags of ``loomrl rollout``: ``--data PATH [--map TARGET=COLUMN ...] [--split S]
-[--shuffle] [--limit N]``, and ``--reward NAME`` (``loomrl.cli.reward_flag``).
+[--subset NAME] [--shuffle] [--limit N]``, and ``--reward NAME`` (``loomrl.cli.reward_flag``).
 
 The data flags set fields of the config's ``data`` (``DataConfig``): over the config
 file's ``data`` when it has one (``--data`` alone keeps its ``map``), or the run's own
@@ -20,21 +20,23 @@ from loomrl.data import DataConfig
 from loomrl.data.rows import map_problem
 
 # DataConfig field -> its flag.
-FIELDS = {"path": "--data", "map": "--map", "split": "--split", "shuffle": "--shuffle",
-          "limit": "--limit"}  # fmt: skip
+FIELDS = {"path": "--data", "map": "--map", "split": "--split", "subset": "--subset",
+          "shuffle": "--shuffle", "limit": "--limit"}  # fmt: skip
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     group = parser.add_argument_group("your own data (instead of the env's generator)")
     group.add_argument(
         "--data", metavar="PATH",
-        help="examples from a JSONL, JSON, CSV, TSV or Parquet file or a `datasets` directory",
+        help="examples from a JSONL, JSON, CSV, TSV or Parquet file, a `datasets` directory, "
+        "or a Hub data set org/dataset[@revision] (through the Hugging Face cache)",
     )  # fmt: skip
     group.add_argument(
         "--map", action="append", metavar="TARGET=COLUMN",
         help="read TARGET (question or prompt, answer, messages) from COLUMN; repeatable",
     )  # fmt: skip
     group.add_argument("--split", help="the data's split (default: train, or its only one)")
+    group.add_argument("--subset", help="a Hub data set's configuration (default: its only one)")
     group.add_argument(
         "--shuffle", action=argparse.BooleanOptionalAction, help="shuffle the rows (by --seed)"
     )
@@ -67,7 +69,8 @@ def data_flags(args: argparse.Namespace) -> dict[str, Any]:
     """The ``DataConfig`` fields the flags give (flags left out are absent)."""
     values = {
         "path": args.data, "map": parse_map(args.map) if args.map else None,
-        "split": args.split, "shuffle": args.shuffle, "limit": args.limit,
+        "split": args.split, "subset": args.subset, "shuffle": args.shuffle,
+        "limit": args.limit,
     }  # fmt: skip
     return {k: v for k, v in values.items() if v is not None}
 

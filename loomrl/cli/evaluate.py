@@ -11,6 +11,7 @@ import json
 from pathlib import Path
 from typing import Any
 
+from loomrl.cli.checks import print_resolved
 from loomrl.cli.output import UsageError, console
 from loomrl.models import DEFAULT_MODEL
 
@@ -119,6 +120,7 @@ def cmd_eval(args: argparse.Namespace) -> int:
     check_rewards({"reward": reward})
     settings = ec.settings_of(request, config)
     tasks = ec.eval_set(request, config, settings.seed)  # data problems stop here
+    print_resolved(target.model, data=args.data)
     console.print(f"[bold]eval[/] {len(tasks[0].examples)} examples x (greedy + {settings.n} "
                   "samples); starting vLLM takes ~30 s")  # fmt: skip
     summary = asyncio.run(

@@ -1,4 +1,5 @@
-"""``loomrl models prepare SPEC...``: convert or build named models into the cache now."""
+"""``loomrl models prepare SPEC...``: convert or build named models into the cache now, or
+fetch Hub models (``org/name[@revision]``) into the Hugging Face cache."""
 
 from __future__ import annotations
 
@@ -19,12 +20,13 @@ def add_parser(sub: Any) -> None:
 
 
 def cmd_models(args: argparse.Namespace) -> int:
-    from loomrl.models import check_spec, resolve
+    from loomrl.models import check_spec, hub_note, resolve
 
-    for spec in args.specs:  # every spec is checked before any is built
+    for spec in args.specs:  # every spec is checked (a Hub name fetched) before any is built
         check_spec(spec)
     for spec in args.specs:
         with console.status(f"preparing {escape(spec)} (converted once, then cached)"):
             path = resolve(spec)
-        console.print(f"{spec}: {path}", markup=False, highlight=False)
+        line = hub_note(spec) or f"{spec}: {path}"  # a Hub name: its commit and snapshot
+        console.print(line, markup=False, highlight=False)
     return 0

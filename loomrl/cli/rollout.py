@@ -10,7 +10,13 @@ from pathlib import Path
 from typing import Any
 
 from loomrl.cli import data_flags, pool_flags, ray_flags
-from loomrl.cli.checks import check_agrees, check_resume_alone, load_config, model_flags
+from loomrl.cli.checks import (
+    check_agrees,
+    check_resume_alone,
+    load_config,
+    model_flags,
+    print_resolved,
+)
 from loomrl.cli.output import console, print_note
 from loomrl.cli.pool_flags import with_pool_flags
 from loomrl.cli.quiet import add_verbose_flag, libraries_to_run_log, verbose_requested
@@ -111,6 +117,7 @@ def cmd_rollout(args: argparse.Namespace) -> int:
     plan = plan_rollout(
         config, resume=args.resume is not None, overwrite=args.overwrite, source=source
     )
+    print_resolved(plan.config.model, data=plan.config.data and plan.config.data.path)
     for note in plan.notes:
         print_note(note)
     config = plan.config

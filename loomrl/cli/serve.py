@@ -63,6 +63,7 @@ def add_parser(sub: Any) -> None:
 
 
 def _check(args: argparse.Namespace) -> None:
+    from loomrl.cli.checks import print_resolved
     from loomrl.engines.serve import server_command
     from loomrl.engines.serve_flags import GpuFlags
     from loomrl.engines.serve_flags import check as check_flags
@@ -82,6 +83,7 @@ def _check(args: argparse.Namespace) -> None:
             "$LOOMRL_API_KEY), or serve on 127.0.0.1"
         )
     check_spec(args.model)
+    print_resolved(args.model)
     try:
         transfer = GpuFlags(weight_transfer=args.weight_transfer)  # refused on a CPU
         command = server_command(args.model, host=args.host, port=args.port, gpu=transfer)

@@ -1,5 +1,6 @@
 """``loomrl train [FILE]``: GRPO-style training on vLLM rollouts; ``--resume RUN_DIR``
-continues a run from its newest checkpoint, ``--overwrite`` replaces one.
+continues a run from its newest checkpoint, ``--overwrite`` replaces one; ``--plan``
+prints the run's memory plan and exits (nothing loads, no engine starts).
 
 A resumed run keeps the configuration in its ``config.toml``: FILE and flags may repeat
 its values but not change them, except ``--steps``, which may raise the step count to
@@ -49,6 +50,11 @@ def add_parser(sub: Any) -> None:
     tr.add_argument(
         "--overwrite", action="store_true",
         help="replace the run already in --out (its files, checkpoints included, are removed)",
+    )  # fmt: skip
+    tr.add_argument(
+        "--plan", action="store_true",
+        help="print the memory plan (each part of the learner and the engine per device and "
+        "phase) and exit: exit status 2 with the reason when it does not fit",
     )  # fmt: skip
     ray_flags.add_arguments(tr)
     pool_flags.add_arguments(tr)
@@ -112,10 +118,17 @@ def _reward_flag(config: TrainConfig, name: str | None) -> TrainConfig:
 
 
 def cmd_train(args: argparse.Namespace) -> int:
+    from loomrl.run.torchrun_ranks import serve_unless_driver
+
+    if (served := serve_unless_driver()) is not None:  # torchrun: a rank other than 0
+        return served
+    from loomrl.cli.checks import print_resolved
     from loomrl.cli.train_view import run_train
     from loomrl.run.resume import default_out, extend_steps
     from loomrl.run.train_plan import plan_train
 
+    if args.plan:
+        return show_plan(args)
     config, extended_from = requested(args)
     source = str(args.config or (args.resume / "config.toml" if args.resume else "flags"))
     out = args.resume or config.out or default_out()
@@ -123,6 +136,10 @@ def cmd_train(args: argparse.Namespace) -> int:
     plan = plan_train(
         config, out, resume=args.resume is not None, overwrite=args.overwrite, source=source
     )  # every check, before anything is written
+    c = plan.config
+    print_resolved(c.model, c.critic_model, data=c.data and c.data.path)  # Hub names
+    for note in plan.memory.notes if plan.memory is not None else ():
+        print_note(note)
     if extended_from is not None:
         extend_steps(plan.run.config, config.steps)
         print_note(f"{args.resume}: steps {extended_from} -> {config.steps} (config.toml)")
@@ -142,6 +159,19 @@ def cmd_train(args: argparse.Namespace) -> int:
         markup=False, highlight=False,
     )  # fmt: skip
     report_at_end(out)
+    return 0
+
+
+def show_plan(args: argparse.Namespace) -> int:
+    """``--plan``: the memory plan of the run the other arguments describe; 0 when it
+    fits, else its refusal (exit status 2)."""
+    from loomrl.cli.plan_view import print_plan
+    from loomrl.train.memory_plan import plan_memory
+
+    config, _ = requested(args)
+    plan = plan_memory(config)
+    print_plan(plan, console, title=f"memory plan: {config.model}")
+    plan.check()
     return 0
 
 

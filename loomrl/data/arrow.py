@@ -1,10 +1,13 @@
 """Arrow-backed sources: Parquet files (pyarrow), ``datasets`` directories written by
-``save_to_disk``, and other data files read by ``datasets.load_dataset``.
+``save_to_disk``, other data files read by ``datasets.load_dataset``, and the snapshot
+directory of a Hub data set.
 
 ``datasets`` is the optional extra ``loomrl[data]``, imported only here and only when
-such a source is read. ``load_dataset`` is called with a packaged builder (``arrow``,
-``text``, ``json``, ...) and local files only, with the hub switched off: a name that
-is not a packaged builder is refused, so nothing is ever looked up or downloaded.
+such a source is read. ``load_dataset`` is only ever given local files: a packaged
+builder (``arrow``, ``text``, ``json``, ...) over a file or directory, or a repository's
+snapshot directory (``repository``); a name that is not a packaged builder is refused.
+A Hub data set reaches here as its snapshot in the Hugging Face cache
+(``loomrl.data.hub``), so ``datasets`` itself never looks anything up.
 """
 
 from __future__ import annotations
@@ -89,6 +92,28 @@ def via_load_dataset(builder: str, path: Path) -> Source:
     except Exception as exc:  # builders raise many kinds for a file they cannot read
         raise DataError(f"{where}: `datasets` cannot read it as {builder} ({exc})") from None
     return _source(where, loaded, datasets)
+
+
+def repository(where: str, directory: Path, subset: str | None = None) -> Source:
+    """A data set repository's files (a Hub snapshot) as ``datasets`` reads them: the
+    configuration ``subset`` (None: its only or default one) and its splits, from the
+    files' names or the card's YAML header."""
+    datasets = datasets_module(where)
+    try:
+        with _quiet(datasets):
+            loaded = datasets.load_dataset(str(directory), name=subset)
+    except Exception as exc:  # datasets raises many kinds for a repository it cannot read
+        problem = _first_line(exc)
+        if exc.__cause__ is not None:  # "An error occurred while generating ...": why
+            problem = f"{problem}: {_first_line(exc.__cause__)}"
+        hint = "; pick one with subset" if "onfig name is missing" in problem else ""
+        raise DataError(f"{where}: `datasets` cannot read it ({problem}){hint}") from None
+    return _source(where, loaded, datasets)
+
+
+def _first_line(exc: BaseException) -> str:
+    text = str(exc).strip()
+    return text.splitlines()[0] if text else type(exc).__name__
 
 
 @contextlib.contextmanager

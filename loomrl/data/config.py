@@ -1,7 +1,9 @@
 """``DataConfig``: where a run's examples come from, as a TOML value or table.
 
 ``data = "math.jsonl"`` is short for ``data = {path = "math.jsonl"}``. A relative path
-is relative to the directory the command runs in (as ``out`` is).
+is relative to the directory the command runs in (as ``out`` is); a path that does not
+exist there and has the shape ``org/dataset[@revision]`` names a data set on the Hugging
+Face Hub (``loomrl.data.hub``), unless it is written as a path (``./org/dataset``).
 """
 
 from __future__ import annotations
@@ -11,6 +13,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
+from loomrl.data.hub import as_written
 from loomrl.data.load import Example, Splits, load_splits
 from loomrl.data.rows import map_problem
 
@@ -21,8 +24,9 @@ class DataConfig(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     path: Path = Field(
-        description="JSONL, JSON, CSV, TSV or Parquet file, or a `datasets` save_to_disk "
-        "directory (local paths only)"
+        description="JSONL, JSON, CSV, TSV or Parquet file, a `datasets` save_to_disk "
+        "directory, or a data set on the Hugging Face Hub (org/dataset[@revision], read "
+        "through the Hugging Face cache)"
     )
     format: str | None = Field(
         None,
@@ -35,6 +39,11 @@ class DataConfig(BaseModel):
     )
     split: str | None = Field(
         None, description="the split to read (default: train, or the only one)"
+    )
+    subset: str | None = Field(
+        None,
+        description="a Hub data set's configuration (e.g. main for openai/gsm8k); default: "
+        "its only or default one",
     )
     shuffle: bool = Field(False, description="shuffle the rows (seeded by the run's seed)")
     limit: int | None = Field(None, ge=1, description="use at most this many rows")
@@ -50,6 +59,12 @@ class DataConfig(BaseModel):
     def _bare_path(cls, value: Any) -> Any:
         """A bare string (or path) is the path alone."""
         return {"path": value} if isinstance(value, str | Path) else value
+
+    @field_validator("path", mode="before")
+    @classmethod
+    def _as_written(cls, value: Any) -> Any:
+        """``./org/dataset`` stays a local path (``Path`` alone would make a Hub name of it)."""
+        return as_written(value) if isinstance(value, str) else value
 
     @field_validator("map")
     @classmethod
@@ -70,7 +85,7 @@ class DataConfig(BaseModel):
         return load_splits(
             self.path, map=self.map, split=self.split, shuffle=self.shuffle, seed=seed,
             limit=self.limit, format=self.format, eval_split=self.eval_split,
-            eval_size=self.eval_size,
+            eval_size=self.eval_size, subset=self.subset,
         )  # fmt: skip
 
     def load(self, seed: int = 0) -> list[Example]:

@@ -3,9 +3,10 @@
 Read without extras: ``.jsonl``/``.ndjson`` (JSON Lines), ``.json``, ``.csv``, ``.tsv``
 (each also compressed: ``.gz``, ``.bz2``, ``.xz``) and ``.parquet``/``.pq``. With
 ``loomrl[data]``: a directory written by ``datasets``' ``save_to_disk``, ``.arrow`` and
-``.txt`` files, and any packaged ``datasets`` builder named by ``format`` (a file, or a
-directory of files). Paths are local: one that does not exist is an error, never a
-name to look up on a hub.
+``.txt`` files, any packaged ``datasets`` builder named by ``format`` (a file, or a
+directory of files), and data sets named as on the Hugging Face Hub (``org/dataset``,
+``org/dataset@revision``: ``loomrl.data.hub``). A path that exists is always local; a
+missing one that has the shape of a Hub name is looked up in the Hugging Face cache.
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ from pathlib import Path
 
 from loomrl.data.arrow import from_disk, parquet_table, via_load_dataset
 from loomrl.data.errors import DataError
+from loomrl.data.hub import hub_name, hub_source
 from loomrl.data.table import Source, Table
 from loomrl.data.text import OPENERS, csv_table, json_table, jsonl_table
 
@@ -28,11 +30,20 @@ SUPPORTED = (
 )
 
 
-def open_source(path: Path, format: str | None = None) -> Source:
-    """The source at ``path``, read as ``format`` (default: by its extension)."""
+def open_source(path: Path, format: str | None = None, subset: str | None = None) -> Source:
+    """The source at ``path``, read as ``format`` (default: by its extension); a Hub
+    data set (``subset``: which of its configurations) when no such path exists."""
     where = str(path)
     if not path.exists():
+        name = hub_name(path)
+        if name is not None:
+            return hub_source(name, format, subset)
         raise DataError(f"{where}: no such data file or directory")
+    if subset is not None:
+        raise DataError(
+            f"{where}: subset picks a configuration of a data set named on the Hub "
+            "(org/dataset); a local path has none"
+        )
     if path.is_dir():
         if format is not None:
             return via_load_dataset(format, path)

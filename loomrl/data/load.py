@@ -24,6 +24,7 @@ from typing import Any, NamedTuple
 
 from loomrl.data.errors import DataError
 from loomrl.data.formats import open_source
+from loomrl.data.hub import as_written
 from loomrl.data.rows import canonical_map, check_columns, to_example
 from loomrl.data.table import Table
 
@@ -48,15 +49,18 @@ def load(
     format: str | None = None,
     eval_split: str | None = None,
     eval_size: int | None = None,
+    subset: str | None = None,
 ) -> list[Example]:
     """The examples of the data at ``path`` (the train rows of ``load_splits``).
 
     ``map`` renames columns: ``{"question": "problem", "answer": "solution"}`` (``prompt``
     is another name for ``question``; ``messages`` takes a column of chat messages).
-    Raises ``DataError`` (a ``ValueError``) naming the file, row and column at fault."""
+    ``path`` may name a data set on the Hugging Face Hub (``org/dataset[@revision]``;
+    ``subset``: its configuration). Raises ``DataError`` (a ``ValueError``) naming the
+    file, row and column at fault."""
     return load_splits(
         path, map=map, split=split, shuffle=shuffle, seed=seed, limit=limit, format=format,
-        eval_split=eval_split, eval_size=eval_size,
+        eval_split=eval_split, eval_size=eval_size, subset=subset,
     ).train  # fmt: skip
 
 
@@ -71,12 +75,13 @@ def load_splits(
     format: str | None = None,
     eval_split: str | None = None,
     eval_size: int | None = None,
+    subset: str | None = None,
 ) -> Splits:
     """``(train, eval)`` examples of the data at ``path``; see the module docstring for
     what each option does and in which order."""
     mapping = canonical_map(map)
     _check_options(limit, eval_split, eval_size)
-    source = open_source(Path(path), format)
+    source = open_source(as_written(path), format, subset)
     name = source.pick(split)
     if eval_split is not None and source.pick(eval_split) == name:
         raise DataError(

@@ -7,7 +7,8 @@ and ``close()`` only disconnects. A process that called ``ray.init`` itself keep
 cluster (``connect`` joins it and ``close`` leaves it running).
 
 Workers get loomrl's settings from the driver's environment (``LOOMRL_*``, ``VLLM_*``,
-``HF_*``), so the model cache and the CPU KV-cache size are the same on every node.
+``HF_*``), so the model cache and the CPU KV-cache size are the same on every node, and
+its ``NCCL_*`` and ``GLOO_*`` network settings, which learner ranks on other nodes need.
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ from typing import Any
 
 from loomrl import lifeline
 
-FORWARDED_ENV = ("LOOMRL_", "VLLM_", "HF_", "OMP_NUM_THREADS")
+FORWARDED_ENV = ("LOOMRL_", "VLLM_", "HF_", "OMP_NUM_THREADS", "NCCL_", "GLOO_")
 
 
 def require_ray() -> Any:

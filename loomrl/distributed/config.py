@@ -1,11 +1,12 @@
 """``[ray]`` in a run's TOML (``--ray`` on the CLI): where the Ray cluster is, how many
-engine actors serve the model and on what resources, and where environments run."""
+engine actors serve the model and on what resources, where environments run, and where a
+training run's learner ranks run."""
 
 from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 
 class RayConfig(BaseModel):
@@ -46,3 +47,21 @@ class RayConfig(BaseModel):
     object_store_gib: float = Field(
         1.0, gt=0, description="object store of a local cluster (weights pass through it)"
     )
+    learner_ranks: Literal["local", "cluster"] = Field(
+        "local",
+        description="learner ranks 1..N-1 (learner_world_size = N): 'local' as processes the "
+        "driver starts on its host; 'cluster' as Ray actors in a placement group spread over "
+        "the nodes, one GPU each (one CPU on CPU learners), the driver holding rank 0",
+    )
+
+    @model_validator(mode="after")
+    def _ranks_reach_the_driver(self) -> RayConfig:
+        """Ranks on the cluster meet the driver at its own address: a Ray Client driver
+        (``ray://``) is not on any node of the cluster."""
+        if self.learner_ranks == "cluster" and self.address.startswith("ray://"):
+            raise ValueError(
+                f"learner_ranks = 'cluster' meets the learner ranks at the driver's address, "
+                f"but {self.address!r} is Ray Client (the driver is off the cluster): run "
+                "loomrl on a node of the cluster with address = 'auto' or HOST:6379"
+            )
+        return self

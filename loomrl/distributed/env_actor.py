@@ -27,7 +27,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import functools
 import itertools
 import os
 from collections.abc import Mapping
@@ -41,16 +40,8 @@ from loomrl.distributed.cluster import (
     dead_actor_errors,
     require_ray,
 )
-from loomrl.envs.base import (
-    Environment,
-    EnvState,
-    EnvStep,
-    Message,
-    Score,
-    call,
-    check_plain,
-    plain_state,
-)
+from loomrl.distributed.episode_host import EpisodeLost, actor_class
+from loomrl.envs.base import Environment, EnvState, EnvStep, Message, Score, plain_state
 
 ON_DEATH = ("fail", "retry")
 _KEY = "_ray_episode"  # the local state's data: which actor holds the episode
@@ -58,78 +49,6 @@ _KEY = "_ray_episode"  # the local state's data: which actor holds the episode
 
 class EnvActorDied(RuntimeError):
     """The actor running an episode died (and the episode could not be moved)."""
-
-
-class EpisodeLost(KeyError):
-    """The actor has no such episode (e.g. it was cleaned up): restore it first."""
-
-
-class EnvActor:
-    """The Ray actor's body: one environment, the states of the episodes placed on it."""
-
-    def __init__(self, name: str, env_args: Mapping[str, Any]) -> None:
-        import loomrl.envs
-
-        self.env: Environment = loomrl.envs.load(name, **dict(env_args))
-        self.states: dict[str, EnvState] = {}
-
-    def describe(self) -> dict[str, Any]:
-        env = self.env
-        return {
-            "name": env.name, "max_turns": env.max_turns, "thread_safe": env.thread_safe,
-            "system_prompt": env.system_prompt, "turn_reward": env.turn_reward,
-            "turn_discount": env.turn_discount, "max_obs_tokens": env.max_obs_tokens,
-            "run_info": env.run_info(), "pid": os.getpid(),
-        }  # fmt: skip
-
-    def dataset(self, n: int, seed: int) -> list[dict[str, Any]]:
-        return self.env.dataset(n, seed)
-
-    async def reset(self, episode: str, example: dict[str, Any]) -> tuple[list[Message], Any, Any]:
-        """Open the episode; its opening messages and tools (``data`` stays here)."""
-        state = await call(self.env.reset, example)
-        self.states[episode] = state
-        return list(state.messages), state.tools, self._save(state)
-
-    def restore(self, episode: str, saved: dict[str, Any]) -> None:
-        self.states[episode] = self.env.load_state_dict(saved)
-
-    async def step(
-        self, episode: str, new: list[Message], turn: int, message: Message
-    ) -> tuple[EnvStep, Any]:
-        state = self._state(episode, new, turn)
-        step: EnvStep = await call(self.env.step, state, message)
-        return step, self._save(state)
-
-    async def score(self, episode: str, new: list[Message], turn: int) -> Score:
-        return await call(self.env.score, self._state(episode, new, turn))
-
-    def cleanup(self, episode: str) -> None:
-        state = self.states.pop(episode, None)
-        if state is not None:
-            self.env.cleanup(state)
-
-    def _state(self, episode: str, new: list[Message], turn: int) -> EnvState:
-        state = self.states.get(episode)
-        if state is None:
-            raise EpisodeLost(episode)
-        state.messages.extend(new)
-        state.turn = turn
-        return state
-
-    def _save(self, state: EnvState) -> dict[str, Any] | str:
-        """The episode's checkpoint, or why the environment cannot save it."""
-        try:
-            data = self.env.state_dict(state)
-            check_plain(data, f"{self.env.name}.state_dict()")
-        except Exception as exc:
-            return f"{type(exc).__name__}: {exc}"
-        return data
-
-
-@functools.cache
-def _actor_class() -> Any:
-    return require_ray().remote(EnvActor)
 
 
 class _Slot:
@@ -188,7 +107,7 @@ class RayEnvironment(Environment):
         check_room(f"{name} env actors", actors, {"CPU": num_cpus, **(resources or {})})
         args = dict(env_args or {})
         options = actor_options(num_cpus, 0, resources, None, 0)
-        handles = [_actor_class().options(**options).remote(name, args) for _ in range(actors)]
+        handles = [actor_class().options(**options).remote(name, args) for _ in range(actors)]
         try:
             infos = await asyncio.gather(*(h.describe.remote() for h in handles))
         except BaseException:
@@ -215,6 +134,16 @@ class RayEnvironment(Environment):
     def dataset(self, n: int, seed: int = 0) -> list[dict[str, Any]]:
         ray = require_ray()
         return ray.get(self._pick().actor.dataset.remote(n, seed))
+
+    def use_chat_template(self, chat_template: str) -> None:
+        """Every live actor's env takes the template; the run info is theirs after. An
+        actor that died meanwhile is left to the first episode placed on it, which
+        finds it dead as ``on_actor_death`` says."""
+        ray = require_ray()
+        live = [slot.actor for slot in self._slots if slot.dead is None]
+        for call in [actor.use_chat_template.remote(chat_template) for actor in live]:
+            with contextlib.suppress(*dead_actor_errors()):
+                self._run_info = dict(ray.get(call))
 
     def close(self) -> None:
         """Stop every actor (an environment's own ``cleanup`` of open episodes is skipped)."""

@@ -27,7 +27,7 @@ from loomrl.engines.vllm_close import shut_down
 from loomrl.engines.vllm_cpu import one_process, uni_executor
 from loomrl.engines.vllm_sync import NATIVE_SYNCS, engine_env, sync_link, transfer_config
 from loomrl.engines.vllm_weights import EngineWeights, version_spans
-from loomrl.hardware import cpu_has_native_bf16
+from loomrl.hardware import cpu_has_native_bf16, cuda_has_bf16
 from loomrl.models import is_vision, resolve
 from loomrl.types import Completion, SamplingParams
 
@@ -47,6 +47,9 @@ class VLLMEngine(EngineWeights):
     ``engine_args`` go to vLLM's ``AsyncEngineArgs`` unchanged (``max_num_seqs``,
     ``gpu_memory_utilization``, ...). On CPU the KV cache is ``kv_cache_gib`` GiB of host
     memory when given, else ``VLLM_CPU_KVCACHE_SPACE`` when set, else 4 GiB.
+    ``enforce_eager`` (no CUDA graphs) defaults to on only on a CPU, where graphs do not
+    exist and compiling only costs start-up time; on a GPU graphs decode small batches
+    faster.
     ``weight_sync`` is how ``update_weights`` sends weights (see ``vllm_sync``);
     ``lora_rank`` lets syncs load LoRA adapters of up to that rank (``lora_adapter``).
     """
@@ -57,7 +60,7 @@ class VLLMEngine(EngineWeights):
         *,
         max_model_len: int | None = 4096,
         seed: int = 0,
-        enforce_eager: bool = True,
+        enforce_eager: bool | None = None,
         kv_cache_gib: int | None = None,
         logprobs_mode: str = "processed_logprobs",
         policy_version: int = 0,
@@ -111,7 +114,7 @@ class VLLMEngine(EngineWeights):
             model=str(self.model_path),
             max_model_len=context,
             seed=seed,
-            enforce_eager=enforce_eager,
+            enforce_eager=on_cpu if enforce_eager is None else enforce_eager,
             logprobs_mode=logprobs_mode,  # type: ignore[arg-type]
             disable_log_stats=True,
             **engine_args,
@@ -333,13 +336,17 @@ class VLLMEngine(EngineWeights):
 def serving_dtype(model_path: Path) -> str:
     """The dtype vLLM serves ``model_path`` in: the model's own, except ``float32`` for a
     16-bit model on a CPU without native bf16/fp16 matmuls (no AVX512-BF16 or AMX), where
-    vLLM emulates them: decoding is ~5.6× slower there (``benchmarks/cpu_dtype.py``)."""
+    vLLM emulates them: decoding is ~5.6× slower there (``benchmarks/cpu_dtype.py``), and
+    ``float16`` for a bf16 model on a GPU older than compute capability 8.0 (vLLM refuses
+    bf16 there)."""
     import json
 
     config = json.loads((model_path / "config.json").read_text())
     dtype = str(config.get("dtype") or config.get("torch_dtype") or "auto")
     if dtype in ("bfloat16", "float16") and _on_cpu() and not cpu_has_native_bf16():
         return "float32"
+    if dtype == "bfloat16" and not _on_cpu() and not cuda_has_bf16():
+        return "float16"
     return dtype
 
 

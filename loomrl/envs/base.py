@@ -201,6 +201,13 @@ class Environment(abc.ABC):
             return list(await asyncio.gather(*(call(self.score, s) for s in states)))
         return [await call(self.score, s) for s in states]
 
+    def use_chat_template(self, chat_template: str) -> None:
+        """Called by the rollout, before it resets an episode, with the chat template the
+        model's prompts are rendered with: an environment whose behaviour follows the
+        model's format settles it here (``ToolEnv(parser="auto")`` picks its tool-call
+        parser). Default: nothing."""
+        return None
+
     def run_info(self) -> dict[str, Any]:
         """Facts about this environment's setup that a run records beside its metrics
         (e.g. ``{"sandbox": "bwrap"}``): plain strings and numbers. Default: none."""

@@ -79,9 +79,11 @@ class PythonToolEnv(ToolEnv):
         self.format_weight, self.tool_weight = format_weight, tool_weight
         # The host-side deadline is the sandbox's own wall time; this one only backs it.
         tool_env.setdefault("tool_timeout", self.sandbox_config.wall_s + 10.0)
+        if few_shot:  # the demo is a Hermes call, whatever the template would choose
+            tool_env.setdefault("parser", "hermes")
+            if tool_env["parser"] != "hermes":
+                raise ValueError("few_shot shows a Hermes tool call: use it with parser='hermes'")
         super().__init__([self.python], **tool_env)
-        if few_shot and tool_env.get("parser", "hermes") != "hermes":
-            raise ValueError("few_shot shows a Hermes tool call: use it with parser='hermes'")
         self.few_shot = few_shot
         self.sandbox = Sandbox(self.sandbox_config)  # decides (and warns about) isolation now
         self._episodes: dict[int, _Episode] = {}
@@ -100,7 +102,7 @@ class PythonToolEnv(ToolEnv):
         return state
 
     def run_info(self) -> dict[str, Any]:
-        return {"sandbox": self.sandbox.mode}
+        return {**super().run_info(), "sandbox": self.sandbox.mode}
 
     def dataset(self, n: int, seed: int = 0) -> list[dict[str, Any]]:
         def one(rng: random.Random) -> dict[str, Any]:

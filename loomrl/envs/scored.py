@@ -50,8 +50,9 @@ class RubricEnv(Environment):
     """``env`` with its ``score`` replaced by a ``Scorer`` (a ``Rubric`` or a ``Recipe``).
 
     ``reset``, ``step``, ``record_turn``, ``cleanup`` and ``dataset`` are the wrapped
-    environment's own (bound as they are, sync or async), and so are its turn-reward and
-    observation settings. Scores are the scorer's weighted ``components``; metrics and the
+    environment's own (bound as they are, sync or async; ``use_chat_template`` too), and
+    so are its turn-reward and observation settings. Scores are the scorer's weighted
+    ``components``; metrics and the
     whole ``RewardScore`` are left in ``state.data["reward_metrics"]`` and
     ``state.data["reward_score"]``. ``label`` is a string or a function of the example.
     Groups are scored at once through ``score_many`` (one batch per reward source).
@@ -80,6 +81,7 @@ class RubricEnv(Environment):
         self.cleanup = env.cleanup  # type: ignore[method-assign]
         self.dataset = env.dataset  # type: ignore[method-assign]
         self.run_info = env.run_info  # type: ignore[method-assign]
+        self.use_chat_template = env.use_chat_template  # type: ignore[method-assign]
         # Checkpoints store the wrapped environment's state in its own terms.
         self.state_dict = env.state_dict  # type: ignore[method-assign]
         self.load_state_dict = env.load_state_dict  # type: ignore[method-assign]

@@ -17,6 +17,12 @@ each tool message answers its call's id. A malformed call stays text only: its e
 message answers an id of its own that no call holds. Chat templates that render calls
 and tool results from structure (Mistral, gpt-oss, ...) need this to render the glue.
 
+The call format is ``parser``'s. The default, ``"auto"``, is the format the model's chat
+template renders (``loomrl.parsers.detect``), settled when a rollout gives the environment
+its template, before its first episode (``use_chat_template``); until then, and for a
+template that renders no tool calls, it is ``hermes``. ``run_info`` names the parser in
+use, so the run records it.
+
 A tool sees its episode when it has a parameter named ``state`` (the ``EnvState``; left
 out of the schema the model sees): it may keep per-episode data in ``state.data``, and
 the environment's ``cleanup`` frees what lives outside. A tool may return text, any
@@ -76,7 +82,7 @@ class ToolEnv(Environment):
         self,
         tools: Sequence[Callable[..., Any]],
         *,
-        parser: str = "hermes",
+        parser: str = parsers.AUTO,
         max_turns: int | None = None,
         tools_in_prompt: bool = True,
         tool_timeout: float | None = 30.0,
@@ -86,7 +92,8 @@ class ToolEnv(Environment):
         """``tool_timeout`` seconds per call (None: none), ``timeouts`` per tool name. A
         sync tool past its timeout is answered with an error at once, but its thread
         runs on to its end (Python cannot stop a thread): make long tools async, or give
-        them their own deadline. ``max_obs_tokens`` caps each tool message."""
+        them their own deadline. ``max_obs_tokens`` caps each tool message. ``parser``
+        names the call format (``loomrl.parsers``), or ``"auto"``: the chat template's."""
         self.tools: dict[str, Callable[..., Any]] = {}
         self.schemas: dict[str, dict[str, Any]] = {}
         self.wants_state: set[str] = set()
@@ -108,12 +115,32 @@ class ToolEnv(Environment):
         for name, limit in self.timeouts.items():
             if limit is not None and not limit > 0:
                 raise ValueError(f"tool {name!r}: timeout must be > 0 seconds or None")
-        self.parser = parsers.get(parser)
+        self.auto_parser = parser == parsers.AUTO
+        #: The name of the parser in use (``auto``'s choice once a template is known).
+        self.parser_name = parsers.FALLBACK if self.auto_parser else parser
+        if self.parser_name not in parsers.available():
+            known = ", ".join(parsers.available())
+            raise ValueError(
+                f"unknown tool-call parser {parser!r}; known: {known}, or 'auto' (the format "
+                "the model's chat template renders, the default)"
+            )
+        self.parser = parsers.get(self.parser_name)
         self.tools_in_prompt = tools_in_prompt
         if max_turns is not None:
             self.max_turns = max_turns
         if max_obs_tokens is not None:
             self.max_obs_tokens = max_obs_tokens
+
+    def use_chat_template(self, chat_template: str) -> None:
+        """With ``parser="auto"``: take the format ``chat_template`` renders (a named
+        parser stays as it is)."""
+        if self.auto_parser:
+            self.parser_name = parsers.choose(chat_template)
+            self.parser = parsers.get(self.parser_name)
+
+    def run_info(self) -> dict[str, Any]:
+        """The tool-call parser in use (``auto``'s choice), for the run's record."""
+        return {**super().run_info(), "parser": self.parser_name}
 
     def reset(self, example: dict[str, Any]) -> EnvState:
         state = super().reset(example)

@@ -220,6 +220,7 @@ def open_context(
             chat = vision_chat(model_path)
         else:
             chat = ChatTokenizer(tokenizer)
+    env.use_chat_template(chat.chat_template)  # e.g. a tool parser that follows the template
     limit = engine.max_model_len if max_len is None else min(max_len, engine.max_model_len)
     return RolloutContext(
         engine=engine,

@@ -5,11 +5,13 @@ at 0. Left alone, transformers 5 sees the restarts and, under ``sdpa``, builds a
 ``N x N`` block-diagonal mask: attention then costs ``N²`` however short the samples.
 Here each sample attends only within itself, at a cost of ``Σ Lᵢ²``:
 
-- CUDA with ``flash_attn`` (half precision or autocast): ``flash_attention_2`` given
-  ``cu_seq_lens_*`` / ``max_length_*`` up front, so transformers runs the varlen kernel
-  without re-deriving them (three host reads) in every layer;
-- other CUDA with Triton: ``flex_attention`` with a block-sparse document mask
-  (``BlockMask``) built on the device, no host read;
+- CUDA with ``flash_attn`` (half precision or autocast): its varlen kernel
+  (``flash_forward``) given ``cu_seq_lens_*`` / ``max_length_*`` up front, so neither
+  transformers' mask building nor its kernel call re-derives them from the positions (host
+  reads: one per forward pass, three per layer);
+- other CUDA with Triton: flex attention with a block-sparse document mask
+  (``BlockMask``) built on the device, no host read; query, key and value cast to one
+  dtype first (``flex_forward``);
 - CPU: ``PACKED_SDPA``, one causal ``sdpa`` call per sample (flex attention has no
   backward on the CPU, and its compiled forward is slower than this); not for a
   compiled model, whose graph would be re-traced for every new number of samples;
@@ -24,7 +26,8 @@ sdpa with sdpa's masks, and flash / flex attention handle masks themselves.
 
 from __future__ import annotations
 
-import importlib.util
+import functools
+import importlib
 from typing import Any
 
 import numpy as np
@@ -34,8 +37,11 @@ from torch import Tensor
 
 #: Registered in transformers' ``AttentionInterface``: one causal sdpa call per sample.
 PACKED_SDPA = "loomrl_packed_sdpa"
-FLASH = "flash_attention_2"
-FLEX = "flex_attention"
+#: Registered too: flash-attn's varlen kernel given the sample boundaries (``flash_forward``).
+FLASH = "loomrl_flash_attention"
+FLASH_KERNEL = "flash_attention_2"  # what transformers loads the kernel by
+#: Registered too: transformers' ``flex_attention`` given one dtype (``flex_forward``).
+FLEX = "loomrl_flex_attention"
 #: Model types whose attention is plain causal softmax attention (optionally a sliding
 #: window): no soft-capping, sinks or position bias that the per-sample path would drop.
 PLAIN_ATTENTION = frozenset({
@@ -43,7 +49,7 @@ PLAIN_ATTENTION = frozenset({
 })  # fmt: skip
 #: The implementations a packed micro-batch may be moved off (``eager`` is a deliberate
 #: choice, e.g. for attention weights, and is left alone).
-SWITCHABLE = frozenset({"sdpa", FLASH, FLEX, PACKED_SDPA})
+SWITCHABLE = frozenset({"sdpa", FLASH_KERNEL, FLASH, "flex_attention", FLEX, PACKED_SDPA})
 _BASE = "_loomrl_base_attn"  # on the model (not its saved config): the one to go back to
 
 
@@ -183,15 +189,79 @@ def packed_sdpa_forward(
     return torch.cat(out, dim=2).transpose(1, 2).contiguous(), None
 
 
+def flex_forward(
+    module: torch.nn.Module,
+    query: Tensor,
+    key: Tensor,
+    value: Tensor,
+    attention_mask: Any,
+    **kwargs: Any,
+) -> tuple[Tensor, Tensor | None]:
+    """transformers' flex attention with ``query``, ``key`` and ``value`` in one dtype:
+    the autocast dtype under autocast, else the value's. Under autocast the rotary
+    embedding (float32 cos/sin) leaves query and key in float32 beside a bf16 value, and
+    flex attention, unlike sdpa, is no autocast op: it would take the three as they come."""
+    from transformers.integrations.flex_attention import flex_attention_forward
+
+    kind = query.device.type
+    dtype = torch.get_autocast_dtype(kind) if torch.is_autocast_enabled(kind) else value.dtype
+    query, key, value = (t.to(dtype) for t in (query, key, value))
+    return flex_attention_forward(module, query, key, value, attention_mask, **kwargs)
+
+
+def flash_forward(
+    module: torch.nn.Module,
+    query: Tensor,
+    key: Tensor,
+    value: Tensor,
+    attention_mask: Any,
+    dropout: float = 0.0,
+    scaling: float | None = None,
+    sliding_window: int | None = None,
+    softcap: float | None = None,
+    **kwargs: Any,
+) -> tuple[Tensor, None]:
+    """flash-attn's varlen kernel on one packed row ``[1, H, N, D]`` whose sample
+    boundaries ``prepare_attention`` gives (``cu_seq_lens_*``, ``max_length_*``), in one
+    half dtype (the autocast one, else the value's). It is registered under a name of its
+    own with no mask function, so transformers builds no mask for the pass: under
+    ``flash_attention_2`` it would first look for packed rows in the position ids
+    (``find_packed_sequence_indices``: one wait for the device per forward pass). The
+    boundaries are required: without them the call is refused rather than run across
+    samples."""
+    from transformers.modeling_flash_attention_utils import _flash_attention_forward
+
+    if kwargs.get("cu_seq_lens_q") is None:
+        raise ValueError(f"{FLASH} needs the samples' boundaries (cu_seq_lens_q, cu_seq_lens_k)")
+    for name in ("is_causal", "output_attentions"):  # causal; no weights (as transformers)
+        kwargs.pop(name, None)
+    kind = query.device.type
+    dtype = torch.get_autocast_dtype(kind) if torch.is_autocast_enabled(kind) else value.dtype
+    q, k, v = (t.transpose(1, 2).to(dtype) for t in (query, key, value))  # [1, N, H, D]
+    out = _flash_attention_forward(
+        q, k, v, None, query_length=q.shape[1], is_causal=True, dropout=dropout,
+        softmax_scale=scaling, sliding_window=sliding_window, softcap=softcap,
+        attn_implementation=FLASH_KERNEL, layer_idx=getattr(module, "layer_idx", None), **kwargs,
+    )  # fmt: skip
+    return out, None
+
+
 def _set(config: Any, implementation: str) -> None:
     if config._attn_implementation == implementation:
         return
-    if implementation == PACKED_SDPA:  # masks (padding, sliding window) as under sdpa
+    if implementation in (PACKED_SDPA, FLEX, FLASH):
         from transformers import AttentionInterface
-        from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
+        from transformers.masking_utils import (
+            AttentionMaskInterface,
+            flex_attention_mask,
+            sdpa_mask,
+        )
 
         AttentionInterface.register(PACKED_SDPA, packed_sdpa_forward)
-        AttentionMaskInterface.register(PACKED_SDPA, sdpa_mask)
+        AttentionMaskInterface.register(PACKED_SDPA, sdpa_mask)  # masks as under sdpa
+        AttentionInterface.register(FLEX, flex_forward)
+        AttentionMaskInterface.register(FLEX, flex_attention_mask)  # as under flex
+        AttentionInterface.register(FLASH, flash_forward)  # no mask function: no mask built
     config._attn_implementation = implementation
 
 
@@ -201,5 +271,17 @@ def _compiled(inner: torch.nn.Module) -> bool:
     return any(getattr(m, "_compiled_call_impl", None) is not None for m in (inner, decoder))
 
 
+def flash_attn_available() -> bool:
+    """Whether flash-attn imports here (installed, and built for this torch and CUDA)."""
+    return _importable("flash_attn")
+
+
+@functools.cache
 def _importable(name: str) -> bool:
-    return importlib.util.find_spec(name) is not None
+    """Whether ``import name`` works: found is not enough (a flash-attn built against
+    another torch or CUDA is found, then fails to load its kernels). Imported once."""
+    try:
+        importlib.import_module(name)
+    except (ImportError, OSError):
+        return False
+    return True

@@ -30,7 +30,9 @@ from torch.distributed.fsdp import FSDPModule
 from loomrl.experience.attention import document_lengths, prepare_attention
 from loomrl.experience.batch import Batch
 from loomrl.experience.micro import MicroBatch, micro_batches
+from loomrl.experience.padded_mask import padded_mask
 from loomrl.experience.ranks import my_share, sum_across, world_size
+from loomrl.experience.root_hidden import RootDecoder
 from loomrl.experience.token_scores import score_hidden, score_targets
 from loomrl.experience.truncation import NONE, Truncation
 
@@ -52,18 +54,29 @@ def compute_logprobs(
 ) -> Tensor:
     """Logprob of every completion token of ``batch`` under ``model`` (float32 on the
     batch's device, shaped like ``batch.input_ids``; 0 on prompt and padding). The model
-    runs in eval mode (no dropout) and is put back in the mode it was in."""
-    out = torch.zeros(batch.input_ids.shape, dtype=torch.float32, device=batch.input_ids.device)
+    runs in eval mode (no dropout) and is put back in the mode it was in. The logprobs are
+    gathered on the model's device and moved to the batch's once, after the last
+    micro-batch (a copy to the host per micro-batch would wait for the device each time).
+    A sharded model is resharded after: its root unit keeps its parameters (embeddings,
+    LM head) gathered after a forward pass until a backward pass that never comes here,
+    so a reference would hold them whole on every rank for the rest of the run."""
+    device = next(model.parameters()).device
+    out = torch.zeros(batch.input_ids.shape, dtype=torch.float32, device=device)
     was_training = model.training
     model.eval()
     try:
         for mb, real in my_share(micro_batches(batch, max_tokens)):
             lp = forward_logprobs(model, mb, temperature=temperature, truncation=truncation)
             if real:
-                out[mb.rows, mb.cols] = lp.float().to(out.device)
+                out[mb.rows, mb.cols] = lp.float()
     finally:
         model.train(was_training)
-    return sum_across(out)  # learner ranks: each filled its own share
+        if isinstance(model, FSDPModule):
+            model.reshard()
+    out = sum_across(out)  # learner ranks: each filled its own share
+    if out.device == batch.input_ids.device:  # the learner's own batch, on its device
+        return out
+    return out.cpu() if batch.input_ids.device.type == "cpu" else out.to(batch.input_ids.device)
 
 
 def forward_logprobs(
@@ -115,15 +128,16 @@ def forward_scores(
     packed = mb.attention_mask is None and mb.pixels is None  # one row of whole samples
     documents = (mb.documents or _documents(mb.position_ids)) if packed else None
     inputs.update(prepare_attention(model, inputs["position_ids"], documents))
+    inputs["attention_mask"] = padded_mask(model, mb, inputs["attention_mask"])
     targets = inputs["input_ids"][:, cols + 1].reshape(-1)  # [b·k]
     scale = _temperatures(mb, cols, temperature, device)  # float, or [b, k]
     options = {"entropy": entropy, "entropy_grad": entropy_grad, "truncation": truncation}
     head = None if mb.pixels is not None else plain_head(model)
     if head is not None:  # logprobs from the hidden states: no logits tensor at all
-        decoder, weight = head
+        decoder, linear = head
         hidden = decoder(**inputs).last_hidden_state[:, cols]  # [b, k, H]
-        picked, spread = score_hidden(
-            hidden.reshape(b * cols.numel(), -1), weight, targets, scale, **options
+        picked, spread = score_hidden(  # the weight read after the forward: gathered
+            hidden.reshape(b * cols.numel(), -1), linear.weight, targets, scale, **options
         )
     else:
         if mb.pixels is not None:  # the model puts each image's features on its placeholders
@@ -143,13 +157,20 @@ def forward_scores(
     return logprobs, torch.where(want, zeros.index_put(where, spread.reshape(b, -1)), zeros)
 
 
-def plain_head(model: torch.nn.Module) -> tuple[torch.nn.Module, Tensor] | None:
-    """``(decoder, head weight)`` of a causal LM whose logits are ``hidden @ weight.T``
-    (a model type in ``PLAIN_HEADS`` with a bias-free linear head), else None."""
+def plain_head(model: torch.nn.Module) -> tuple[Any, torch.nn.Module] | None:
+    """``(decoder, head)`` of a causal LM whose logits are ``hidden @ head.weight.T`` (a
+    model type in ``PLAIN_HEADS`` with a bias-free linear head), else None. A sharded
+    model's decoder runs through the whole model (``RootDecoder``), which gathers the
+    head's weight for the rest of the pass."""
     if not isinstance(model, torch.nn.Module):  # a wrapper (adapters off) runs its own forward
         return None
-    if isinstance(model, FSDPModule):  # its forward gathers the head and embeddings it shares
-        return None
+    if isinstance(model, FSDPModule):  # its root's forward gathers the head (and embeddings)
+        found = None if not _accepts_logits_to_keep(model) else _plain_head(model)
+        return None if found is None else (RootDecoder(model, found[0]), found[1])
+    return _plain_head(model)
+
+
+def _plain_head(model: torch.nn.Module) -> tuple[torch.nn.Module, torch.nn.Module] | None:
     inner: Any = model.get_base_model() if hasattr(model, "get_base_model") else model
     config = getattr(inner, "config", None)
     if getattr(config, "model_type", None) not in PLAIN_HEADS:
@@ -158,7 +179,7 @@ def plain_head(model: torch.nn.Module) -> tuple[torch.nn.Module, Tensor] | None:
     decoder = getattr(inner, getattr(inner, "base_model_prefix", ""), None)
     if type(head) is not torch.nn.Linear or head.bias is not None or decoder is None:
         return None
-    return decoder, head.weight
+    return decoder, head
 
 
 def _temperatures(

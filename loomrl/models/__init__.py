@@ -1,10 +1,14 @@
-"""Model specs to local HF-format directories; nothing is ever downloaded.
+"""Model specs to local HF-format directories.
 
 Specs: ``smollm2-135m-instruct`` (the default), ``tiny-random`` or ``tiny-random:SEED``,
 ``smolvlm-tiny`` (a vision-language model with a random vision tower), ``tiny-reward`` (a
-random one-label sequence classifier: a reward model for tests), or the path of a
-local HF model directory. The named ones are built from the default model on first use
-and cached. ``is_vision`` tells a vision-language model's directory from a text-only one's.
+random one-label sequence classifier: a reward model for tests), the path of a local HF
+model directory, or a name as the Hugging Face Hub has it (``org/name`` or
+``org/name@revision``). The named ones are built from the default model on first use and
+cached; they need no network. A Hub name resolves through ``huggingface_hub``'s cache,
+downloading only where the network allows (``loomrl.models.hub``); a local directory of
+the same shape stays a local directory. ``is_vision`` tells a vision-language model's
+directory from a text-only one's.
 """
 
 from __future__ import annotations
@@ -12,7 +16,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from loomrl.models import smollm2, smolvlm_tiny, tiny_random, tiny_reward
+from loomrl.models import hub, smollm2, smolvlm_tiny, tiny_random, tiny_reward
 from loomrl.models.store import (
     MARKER,
     broken_parts,
@@ -26,8 +30,8 @@ DEFAULT_MODEL = "smollm2-135m-instruct"
 NAMED = ("smollm2-135m-instruct", "tiny-random", "smolvlm-tiny", "tiny-reward")
 
 __all__ = [
-    "DEFAULT_MODEL", "NAMED", "ModelError", "check_spec", "is_vision", "loomrl_home", "models_dir",
-    "resolve",
+    "DEFAULT_MODEL", "NAMED", "ModelError", "check_spec", "hub_note", "hub_snapshot",
+    "is_vision", "loomrl_home", "models_dir", "resolve",
 ]  # fmt: skip
 
 
@@ -51,7 +55,8 @@ def check_spec(spec: str) -> None:
         if not is_prepared(spec):
             check_spec(DEFAULT_MODEL)  # the default model's text model or tokenizer
         return
-    _local_dir(spec)
+    if hub_snapshot(spec) is None:
+        _local_dir(spec)
 
 
 def resolve(spec: str) -> Path:
@@ -80,7 +85,35 @@ def resolve(spec: str) -> Path:
             lambda out: tiny_reward.build(out, tokenizer_dir, seed=0),
             {"source": "random sequence classifier", "seed": 0},
         )
-    return _local_dir(spec)
+    found = hub_snapshot(spec)
+    return found.path if found is not None else _local_dir(spec)
+
+
+def hub_snapshot(spec: str) -> hub.Snapshot | None:
+    """The Hugging Face cache's snapshot of ``spec`` when it is a Hub name (downloaded
+    first where the network allows; checked to hold a loadable model), else None.
+    Raises ``ModelError`` (one line) when the name cannot be had."""
+    name = hub.parse(spec) if spec not in NAMED else None
+    if name is None:
+        return None
+    try:
+        found = hub.snapshot(name)
+    except hub.HubError as exc:
+        raise ModelError(str(exc)) from None
+    missing = missing_parts(found.path)
+    if missing:
+        raise ModelError(
+            f"model {name} in the Hugging Face cache ({found.path}) is missing: "
+            f"{', '.join(missing)}; fetch it again with `{hub.download_command(name)}`"
+        )
+    return found
+
+
+def hub_note(spec: str) -> str | None:
+    """``model org/name@<commit>: PATH`` when ``spec`` is a Hub name (what a command
+    prints once it resolved it; resolved already, no new request), else None."""
+    found = hub_snapshot(spec)
+    return None if found is None else f"model {found.pinned}: {found.path}"
 
 
 def is_vision(path: str | Path) -> bool:
@@ -110,7 +143,7 @@ def _local_dir(spec: str) -> Path:
         return path.resolve()
     raise ModelError(
         f"unknown model {spec!r}: expected one of {', '.join(NAMED)}, 'tiny-random:SEED', "
-        "or the path of a local Hugging Face model directory (models are never downloaded)"
+        "the path of a local Hugging Face model directory, or a Hub name 'org/name[@revision]'"
     )
 
 

@@ -34,11 +34,33 @@ def missing_parts(path: Path) -> list[str]:
         missing.append("config.json")
     if not any(path.glob("*.safetensors")) and not any(path.glob("*.bin")):
         missing.append("weights (*.safetensors or *.bin)")
+    elif shards := missing_shards(path):  # named, the first few of them
+        more = f" and {len(shards) - 3} more" if len(shards) > 3 else ""
+        missing.append(f"weights shards ({', '.join(shards[:3])}{more})")
     if not (path / "tokenizer.json").is_file() and not (path / "tokenizer.model").is_file():
         missing.append("tokenizer (tokenizer.json or tokenizer.model)")
     if not (path / "tokenizer_config.json").is_file():
         missing.append("tokenizer_config.json")
     return missing
+
+
+def missing_shards(path: Path) -> list[str]:
+    """The weight files that the directory's shard index names and that are not there:
+    a download cut short (or a Hugging Face cache offline, which cannot tell) leaves some
+    shards of a sharded model and not others. The index of the format in use: the
+    safetensors one where there are safetensors files, else the ``.bin`` one."""
+    safetensors = any(path.glob("*.safetensors"))
+    index = path / (
+        "model.safetensors.index.json" if safetensors else "pytorch_model.bin.index.json"
+    )
+    if not index.is_file():
+        return []
+    data = _json_or_none(index.read_bytes())
+    weight_map = data.get("weight_map") if isinstance(data, dict) else None
+    if not isinstance(weight_map, dict):
+        return []
+    files = {name for name in weight_map.values() if isinstance(name, str)}
+    return sorted(name for name in files if not (path / name).is_file())
 
 
 def broken_parts(path: Path) -> list[str]:

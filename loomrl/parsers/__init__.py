@@ -2,7 +2,8 @@
 
 A parser is a small protocol registered by name: ``hermes`` (Hermes, Qwen2.5/3),
 ``qwen3_coder`` (Qwen3-Coder, Qwen3.5 XML), ``llama3_json`` (Llama 3.1-3.3), ``mistral``,
-``harmony`` (gpt-oss), ``glm45`` (GLM-4.5/4.6) and ``deepseek_v3``. ``parse`` never raises
+``harmony`` (gpt-oss), ``glm45`` (GLM-4.5/4.6) and ``deepseek_v3``; ``auto`` names the
+one a model's chat template calls for (``loomrl.parsers.detect``). ``parse`` never raises
 on model text: a malformed call becomes a ``ToolCallError`` item (with a ``kind`` for
 metrics), in order with the good calls, so the environment can answer it with an error
 message. ``loomrl.parsers.replies`` reads a reply as a structured assistant message.
@@ -19,6 +20,7 @@ from loomrl.parsers.base import (
     Tools,
 )
 from loomrl.parsers.deepseek import DeepSeekParser
+from loomrl.parsers.detect import AUTO, FALLBACK, choose, detect
 from loomrl.parsers.glm import GlmParser
 from loomrl.parsers.harmony import HarmonyParser
 from loomrl.parsers.hermes import HermesParser
@@ -44,7 +46,10 @@ def register(name: str, parser: ToolCallParser) -> None:
 
 
 def get(name: str) -> ToolCallParser:
-    """The parser registered as ``name``; ValueError naming the known ones otherwise."""
+    """The parser registered as ``name``; ValueError naming the known ones otherwise
+    (``auto`` is no parser: ``choose(template)`` names one)."""
+    if name == AUTO and name not in _PARSERS:
+        raise ValueError("'auto' is no parser: parsers.choose(chat_template) names one")
     if name not in _PARSERS:
         raise ValueError(f"unknown tool-call parser {name!r}; known: {', '.join(sorted(_PARSERS))}")
     return _PARSERS[name]
@@ -64,6 +69,8 @@ register("glm45", GlmParser())
 register("deepseek_v3", DeepSeekParser())
 
 __all__ = [
+    "AUTO",
+    "FALLBACK",
     "MAX_CALLS",
     "DeepSeekParser",
     "GlmParser",
@@ -80,6 +87,8 @@ __all__ = [
     "Tools",
     "available",
     "call_id",
+    "choose",
+    "detect",
     "get",
     "new_call_id",
     "prose",

@@ -7,7 +7,7 @@ import dataclasses
 import inspect
 import logging
 import sqlite3
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import tomli_w
@@ -15,6 +15,7 @@ from pydantic import BaseModel
 
 from loomrl.producer import ReplayBuffer
 from loomrl.producer.log import BufferLogError
+from loomrl.run.resolved import resolved_lines
 from loomrl.rundir import RunDir, RunDirError
 from loomrl.runs import toml_ready
 
@@ -25,9 +26,14 @@ RESERVED_ENGINE_ARGS = {
 }  # fmt: skip
 
 
-def write_config(run: RunDir, config: BaseModel) -> None:
-    """``config.toml``: the settings the run started with (secrets redacted, no nulls)."""
-    run.config.write_text(tomli_w.dumps(toml_ready(config.model_dump(mode="json"))))
+def write_config(run: RunDir, config: BaseModel, notes: Sequence[str] = ()) -> None:
+    """``config.toml``: the settings the run started with (secrets redacted, no nulls),
+    after a comment line per Hub name naming the commit it resolved to
+    (``loomrl.run.resolved``: ``--resume`` keeps to it) and the comment lines ``notes``
+    (e.g. ``resolved.parser_lines``: the tool-call parser each environment reads with)."""
+    lines = [*resolved_lines(config), *notes]
+    head = "".join(f"{line}\n" for line in lines)
+    run.config.write_text(head + tomli_w.dumps(toml_ready(config.model_dump(mode="json"))))
 
 
 def open_buffer(run: RunDir) -> ReplayBuffer:

@@ -34,6 +34,7 @@ from loomrl.producer.metrics import producer_metrics
 from loomrl.rollout import Rollouts
 from loomrl.run import engines
 from loomrl.run.common import check_engine_args, open_buffer, write_config
+from loomrl.run.resolved import parser_lines, pinned
 from loomrl.run.rollout_loop import ENDED, play
 from loomrl.run.rollout_report import report_lines
 from loomrl.rundir import BUFFER, CONFIG, RunDir, RunDirError
@@ -109,6 +110,7 @@ def plan_rollout(
     if resume:
         run.check_resumable("rollout", (CONFIG, BUFFER))
         run.check_buffer()
+        config = pinned(config, run)  # the commits its Hub names resolved to
     else:
         run.check_new("rollout", overwrite=overwrite)
     check_spec(config.model)
@@ -211,7 +213,9 @@ def _start_run_dir(plan: RolloutPlan) -> None:
     plan.run.path.mkdir(parents=True, exist_ok=True)
     prints = {plan.config.env: plan.drawn.fingerprint} if plan.drawn.fingerprint else {}
     write_record(plan.run.path, prints)
-    write_config(plan.run, plan.config)
+    write_config(
+        plan.run, plan.config, parser_lines({plan.config.env: plan.env}, plan.config.model)
+    )
 
 
 def _all_ended(buffer: ReplayBuffer, task: str, examples: int) -> bool:

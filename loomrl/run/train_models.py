@@ -18,10 +18,13 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
+from loomrl.distributed.launch_env import local_rank
+from loomrl.engines.replicas import has_remote
 from loomrl.experience.batch import Layout
 from loomrl.models import resolve
-from loomrl.models.loading import load_lm, load_preprocessor, tokenizer_of
+from loomrl.models.loading import empty_lm, load_lm, load_preprocessor, tokenizer_of
 from loomrl.rollout import Rollouts
+from loomrl.run.engines import sampler_dtype
 from loomrl.train.checkpoint import (
     Checkpoint,
     CheckpointError,
@@ -39,11 +42,13 @@ from loomrl.train.shaping import Shaper
 from loomrl.train.sharding import (
     CRITIC_OPTIMIZER_DIR,
     OPTIMIZER_DIR,
+    check_shared_dir,
     full_weights,
     is_sharded,
+    precision_policy,
     restore_optimizer,
     save_optimizer,
-    shard,
+    shard_from_rank0,
 )
 from loomrl.train.speed import prepare_for_training
 from loomrl.train.step import learn_step
@@ -73,6 +78,7 @@ class TrainModels:
     send_adapter: bool = False  # LoRA syncs send the adapter (``lora.sync = "adapter"``)
     stream_weights: bool = False  # a sharded model's syncs stream (``"transfer"``, ``"nccl"``)
     device_weights: bool = False  # syncs send from the learner's GPU (``"nccl"``, ``"ipc"``)
+    sync_dtype: torch.dtype | None = None  # the engines' weights', where known (``_sync_dtype``)
 
     @property
     def pad_id(self) -> int:
@@ -104,13 +110,15 @@ class TrainModels:
         if self.group is not None:
             self.group.order("weights")
         if not is_sharded(self.model):
-            return sync_weights(self.model, on_host=not self.device_weights)
+            return sync_weights(self.model, not self.device_weights, self.sync_dtype)
         if not self.stream_weights:
-            return full_weights(self.model)
+            return full_weights(self.model, self.sync_dtype)
         if _rank() != 0:
-            gather_pass(self.model)
+            gather_pass(self.model, self.sync_dtype)
             return {}
-        weights = GatheredWeights(self.model)
+        weights = GatheredWeights(
+            self.model, dtype=self.sync_dtype, on_host=not self.device_weights
+        )
         if self.group is not None:
             self.group.streaming = weights
         return weights
@@ -118,8 +126,8 @@ class TrainModels:
     def save(self, run_dir: Path, step: int) -> None:
         """The checkpoint after ``step`` steps: written by rank 0, with a sharded run's
         optimizer state from every rank (DCP) in its ``optimizer/`` directory."""
-        if self.group is not None:
-            self.group.order("save", run_dir, step)
+        if self.group is not None:  # a rank whose working directory is not this one's
+            self.group.order("save", run_dir.absolute(), step)
         state = {**self.learner.state_dict(), "shaping": self.shaper.state_dict(step)}
         critic = None if self.critic is None else self.critic.state_dict()
         if not is_sharded(self.model):
@@ -134,7 +142,7 @@ class TrainModels:
         if dist.get_rank() == 0:  # writes the rest around every rank's optimizer shard
 
             def shards(staging: Path) -> None:
-                dist.barrier()  # the staging directory is ready
+                check_shared_dir(staging)  # the staging directory is ready, and seen
                 self._save_shards(staging)
 
             save_checkpoint(
@@ -142,7 +150,7 @@ class TrainModels:
                 critic_state=critic, weights=weights, write_shards=shards,
             )  # fmt: skip
         else:
-            dist.barrier()
+            check_shared_dir(staging_dir(run_dir, step))
             self._save_shards(staging_dir(run_dir, step))
         dist.barrier()  # the checkpoint is in place before any rank goes on
 
@@ -158,7 +166,9 @@ def load_models(
     config: TrainConfig, checkpoint: Checkpoint | None, group: LearnerGroup | None = None
 ) -> TrainModels:
     """Every model of a run, restored from ``checkpoint`` when it resumes; sharded when
-    ``config.learner_world_size > 1`` (the process group is up: ``group`` on the driver)."""
+    ``config.learner_world_size > 1`` (the process group is up: ``group`` on the driver):
+    then every rank builds the models on the meta device and rank 0 alone reads them from
+    disk (``sharding.shard_from_rank0``)."""
     model_dir, adapter, learner_state, critic_state = resolve(config.model), None, None, None
     if checkpoint is not None:
         run_id, model_dir = checkpoint.run_id, checkpoint.model_dir
@@ -170,10 +180,14 @@ def load_models(
         run_id = uuid.uuid4().hex
         torch.manual_seed(config.seed)
     sharded = config.learner_world_size > 1
-    placement = config.placement(_rank() if sharded else 0)
+    # the device index on this host (a Ray actor's one GPU, torchrun's LOCAL_RANK), not the rank
+    placement = config.placement(local_rank() if sharded else 0)
     dtype, device = placement.dtype, placement.device
+    source = None  # the policy as one process loads it: rank 0's, on its host, when sharded
     try:
-        model = load_lm(model_dir, dtype).to(device)
+        if not sharded or _rank() == 0:
+            source = load_lm(model_dir, dtype)
+        model = empty_lm(model_dir, dtype) if sharded else source.to(device)
         preprocessor = load_preprocessor(model_dir)
         images = PixelEncoder.for_model(model_dir)
         if config.lora is not None:
@@ -184,11 +198,12 @@ def load_models(
         where = adapter or model_dir  # a LoRA run's checkpoint holds the adapter
         raise CheckpointError(f"{where}: the checkpoint's model does not load ({exc})") from exc
     prepare_for_training(model, config.gradient_checkpointing, config.compile)
-    reference = _reference(config, model, placement)
     if sharded:
-        shard(model)
-        if reference is not None:
-            shard(reference)
+        shard_from_rank0(model, source, device, precision_policy(placement.precision))
+        if model_dir != resolve(config.model):
+            source = None  # a checkpoint's: the reference is the base model
+    reference = _reference(config, model, placement, sharded, source)
+    del source  # rank 0's whole copy, once every shard is filled
     learner = Learner(model, config.learner(), reference)
     if learner_state is not None and checkpoint is not None:
         _restore_optimizer(learner, learner_state, checkpoint)
@@ -200,7 +215,7 @@ def load_models(
         critic = open_critic(
             resolve(config.critic_model or config.model), config.critic_config(),
             tokenizer_of(preprocessor), dtype=dtype, spec=config.critic_model or config.model,
-            state=critic_state, device=device, sharded=sharded,
+            state=critic_state, device=device, sharded=sharded, precision=placement.precision,
             optimizer_dir=None if checkpoint is None else checkpoint.path / CRITIC_OPTIMIZER_DIR,
         )  # fmt: skip
     send_adapter = config.lora is not None and config.lora.sync == "adapter"
@@ -208,6 +223,7 @@ def load_models(
     return TrainModels(
         run_id, model, model_dir, adapter, preprocessor, images, learner, shaper, critic,
         placement, group, send_adapter, stream, config.weight_sync in ("nccl", "ipc"),
+        _sync_dtype(config, placement),
     )  # fmt: skip
 
 
@@ -225,16 +241,56 @@ def _restore_optimizer(learner: Learner, state: dict[str, Any], checkpoint: Chec
         ) from exc
 
 
-def _reference(config: TrainConfig, model: torch.nn.Module, placement: Placement) -> Any:
+def _reference(
+    config: TrainConfig, model: torch.nn.Module, placement: Placement, sharded: bool,
+    source: torch.nn.Module | None,
+) -> Any:  # fmt: skip
     """The frozen reference the KL term compares with: the base under LoRA's adapters (no
-    second copy), else the base model loaded again; none without KL."""
+    second copy), else the base model loaded again; none without KL. Sharded, it is filled
+    from rank 0's ``source`` (the base model it loaded already) or a fresh read there."""
     if not config.kl_coef:
         return None
     if config.lora is not None:
         return adapters_off(model)
-    reference = load_lm(resolve(config.model), placement.dtype).to(placement.device)
+    base, dtype, device = resolve(config.model), placement.dtype, placement.device
+    if not sharded:
+        reference = load_lm(base, dtype).to(device)
+        reference.requires_grad_(False)
+        return reference
+    if _rank() == 0 and source is None:
+        source = load_lm(base, dtype)
+    reference = empty_lm(base, dtype)
     reference.requires_grad_(False)
+    shard_from_rank0(reference, source, device, precision_policy(placement.precision))
     return reference
+
+
+def _sync_dtype(config: TrainConfig, placement: Placement) -> torch.dtype | None:
+    """The dtype the run's engines hold their weights in, where the learner can tell: a
+    sharded model's syncs cast to it on the learner's device, before any gather or host
+    copy. ``engine_args``' dtype, else float32 for a learner that computes in it
+    (``sampler_dtype``), else, for a learner on a GPU, the base model's own 16-bit dtype
+    (what vLLM serves it in there). None where it is not known (servers serve in their
+    own; vLLM picks for a float32 model): the engines cast on their side."""
+    if has_remote(config.engines):
+        return None
+    name = config.engine_args.get("dtype") or sampler_dtype(config)
+    if name is None and placement.device.type == "cuda":
+        name = _config_dtype(resolve(config.model))
+        name = name if name in ("bfloat16", "float16") else None
+    dtype = getattr(torch, str(name), None) if name else None
+    return dtype if isinstance(dtype, torch.dtype) and dtype.is_floating_point else None
+
+
+def _config_dtype(model_dir: Path) -> str | None:
+    """The dtype a model directory's ``config.json`` names, if any."""
+    import json
+
+    try:
+        config = json.loads((model_dir / "config.json").read_text())
+    except (OSError, ValueError):
+        return None
+    return config.get("dtype") or config.get("torch_dtype")
 
 
 def _rank() -> int:

@@ -5,8 +5,10 @@ engine starts: the run directory (a new run over an old one without ``overwrite`
 resume, its newest checkpoint, metric rows, step files and buffer log), the model specs,
 the estimator and its options, vision with a critic or LoRA, engine arguments, metric
 sinks, each task's environment and arguments, the data (and on resume, whether it changed
-since the run started) and the held-out eval examples. Its environments are the ones the
-run draws examples from, trains on and evaluates with.
+since the run started), the held-out eval examples, and the memory plan: every part of the
+learner and the engine on the run's devices (``loomrl.train.memory_plan``: a run that
+cannot fit is refused in one line naming the part and the way out). Its environments are
+the ones the run draws examples from, trains on and evaluates with.
 """
 
 from __future__ import annotations
@@ -25,11 +27,13 @@ from loomrl.models import check_spec, is_vision, resolve
 from loomrl.run.common import check_engine_args
 from loomrl.run.eval_tasks import eval_tasks
 from loomrl.run.metrics_log import read_rows
+from loomrl.run.resolved import pinned
 from loomrl.rundir import RunDir, RunDirError
 from loomrl.train.checkpoint import Checkpoint, check_checkpoint, list_checkpoints
 from loomrl.train.config import TrainConfig
 from loomrl.train.config_rules import example_pool
 from loomrl.train.eval_set import EvalTask
+from loomrl.train.memory_plan import MemoryPlan, plan_memory
 
 
 @dataclass
@@ -44,6 +48,7 @@ class TrainPlan:
     drawn: dict[str, Drawn]  # each task's pool of examples
     evals: list[EvalTask] = field(default_factory=list)  # held out (``eval_every``)
     checkpoint: Checkpoint | None = None  # the one a resumed run continues from
+    memory: MemoryPlan | None = None  # the devices' memory (None: planned when models open)
 
     @property
     def start(self) -> int:
@@ -68,7 +73,9 @@ def plan_train(
     drawn; ``source`` names where the config came from in errors."""
     run = RunDir(out)
     checkpoint = check_resumable(run, config) if resume else None
-    if not resume:
+    if resume:
+        config = pinned(config, run)  # the commits its Hub names resolved to
+    else:
         run.check_new("train", overwrite=overwrite)
     check_spec(config.model)
     if config.critic_model is not None:
@@ -76,6 +83,8 @@ def plan_train(
     check_estimator(config.estimator, config.estimator_options, with_values=config.critic)
     check_vision_training(config)
     check_engine_args(config.engine_args, source)
+    memory = plan_memory(config)
+    memory.check()
     check_log_to(config, source)
     check_task_rewards(config, source)
     specs = config.task_specs().items()
@@ -84,7 +93,7 @@ def plan_train(
     evals = eval_tasks(config, drawn, envs) if config.eval_every else []
     if resume:
         check_record(out, fingerprints(drawn))
-    return TrainPlan(config, run, resume, overwrite, envs, drawn, evals, checkpoint)
+    return TrainPlan(config, run, resume, overwrite, envs, drawn, evals, checkpoint, memory)
 
 
 def draw_tasks(

@@ -16,6 +16,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+import torch
+
 from loomrl.data import write_record
 from loomrl.distributed.run import RaySession, env_metrics
 from loomrl.engines.base import Engine
@@ -29,9 +31,11 @@ from loomrl.run.colocate import Colocation
 from loomrl.run.common import open_buffer, write_config
 from loomrl.run.learner_ranks import open_models
 from loomrl.run.metrics_log import append_row, rows_up_to
+from loomrl.run.resolved import parser_lines
 from loomrl.run.train_models import TrainModels
 from loomrl.run.train_plan import TrainPlan
 from loomrl.runs import write_trajectories
+from loomrl.train.config_rules import resolve_colocate
 from loomrl.train.eval_set import EvalTask
 from loomrl.train.evaluate import eval_due, eval_row
 from loomrl.train.loggers import open_sinks
@@ -54,7 +58,7 @@ StepCallback = Callable[[dict[str, Any]], None]
 def engine_options(config: TrainConfig) -> dict[str, Any]:
     """What the run's settings ask of an in-process engine (its ``engine_args`` win)."""
     options: dict[str, Any] = {"weight_sync": config.weight_sync}
-    if config.colocate:
+    if resolve_colocate(config):
         options["enable_sleep_mode"] = True
     if config.lora is not None and config.lora.sync == "adapter":
         options["lora_rank"] = config.lora.r
@@ -64,21 +68,34 @@ def engine_options(config: TrainConfig) -> dict[str, Any]:
 def default_engine(plan: TrainPlan) -> EngineMaker:
     """vLLM serving a model directory at a policy version, through the one engine factory;
     in the learner's precision (``engines.sampler_dtype``), else the dtype the base model
-    is served in (a checkpoint holds fp32 weights)."""
+    is served in (a checkpoint holds fp32 weights); with the GPU memory share the run's
+    memory plan gives it (``engine_args`` win)."""
     config = plan.config
     dtype = engines.sampler_dtype(config)
+    planned = plan.memory.engine_args() if plan.memory is not None else {}
 
     def make(model_dir: Path, policy_version: int) -> Engine:
         return engines.build_engine(
             engines.EngineOrder(
                 model_dir, max_len=config.max_len, seed=config.seed,
                 policy_version=policy_version,
-                engine_args={**engine_options(config), **config.engine_args},
+                engine_args={**engine_options(config), **planned, **config.engine_args},
                 served_like=config.model, dtype=dtype,
             )
         )  # fmt: skip
 
     return make
+
+
+def release_learner_memory(models: TrainModels) -> None:
+    """Before a colocated engine wakes: the policy's and the critic's gradients dropped
+    (``set_to_none``; the next step makes them again) and the CUDA allocator's cached
+    blocks returned, so the engine's weights and KV cache find the memory the plan gave
+    them (a no-op for an allocator CUDA never started)."""
+    models.learner.optimizer.zero_grad(set_to_none=True)
+    if models.critic is not None:
+        models.critic.optimizer.zero_grad(set_to_none=True)
+    torch.cuda.empty_cache()
 
 
 class Trainer:
@@ -129,7 +146,7 @@ class Trainer:
                 buffer.rewind(start)
             if not plan.resume:
                 write_record(plan.run.path, plan.fingerprints)  # a run with a config has this
-                write_config(plan.run, config)
+                write_config(plan.run, config, parser_lines(plan.envs, config.model))
             trainer.rows = rows_up_to(plan.run, start)
             if not trainer.finished:
                 settings = config.model_dump(mode="json")
@@ -155,7 +172,9 @@ class Trainer:
         if models.adapter is not None or has_remote(config.engines) or (ray is not None and start):
             await self.engine.update_weights(models.weights(), version=start)
         self.producer = make_producer(config, self.engine, self.buffer, self.tasks)
-        self.colocation = Colocation(self.engine if config.colocate else None, config.sleep_level)
+        if resolve_colocate(config):
+            release = functools.partial(release_learner_memory, models)
+            self.colocation = Colocation(self.engine, config.sleep_level, release)
 
     async def close(self) -> None:
         try:

@@ -229,7 +229,7 @@ class TrainConfig(BaseModel):
         1, ge=1, description="push the policy into the engine every k steps"
     )
     weight_sync: Literal["transfer", "file", "nccl", "ipc"] = devices.WEIGHT_SYNC
-    colocate: bool = devices.COLOCATE
+    colocate: devices.Colocate = devices.COLOCATE
     sleep_level: Literal[1, 2] = devices.SLEEP_LEVEL
     critic: bool | None = Field(
         None,

@@ -74,10 +74,11 @@ def check_knobs(config: TrainConfig) -> None:
 
 
 def check_colocate(config: TrainConfig) -> None:
-    """``colocate`` shares one device between the learner and one in-process engine, which
-    sleeps while the learner trains: nothing may generate then, and level 2 drops the
-    engine's weights, so every step must sync new ones."""
-    if not config.colocate:
+    """``colocate = true`` shares one device between the learner and one in-process
+    engine, which sleeps while the learner trains: nothing may generate then, and level 2
+    drops the engine's weights, so every step must sync new ones. (``auto`` refuses
+    nothing: it is on only where these rules allow it.)"""
+    if config.colocate is not True:
         return
     if config.engines or config.ray is not None:
         raise ValueError(
@@ -98,6 +99,26 @@ def check_colocate(config: TrainConfig) -> None:
         )
 
 
+def resolve_colocate(config: TrainConfig) -> bool:
+    """``colocate`` as a run uses it: ``true``/``false`` as set; ``auto`` is true where the
+    learner trains on a GPU beside one in-process engine (which vLLM starts on the first
+    GPU, the learner's, however many the host has) and ``check_colocate`` allows it, false
+    elsewhere."""
+    if config.colocate != "auto":
+        return bool(config.colocate)
+    import torch
+
+    if not torch.cuda.is_available():
+        return False
+    if config.placement().device.type != "cuda":
+        return False
+    try:
+        check_colocate(config.model_copy(update={"colocate": True}))
+    except ValueError:
+        return False
+    return True
+
+
 def check_native_sync(config: TrainConfig) -> None:
     """vLLM's own backends move weights between GPUs: CUDA IPC maps the learner's tensors
     into a colocated engine on the same GPU; NCCL joins the learner's GPU to servers' (
@@ -106,7 +127,7 @@ def check_native_sync(config: TrainConfig) -> None:
     sync = config.weight_sync
     if sync not in ("nccl", "ipc"):
         return
-    if sync == "ipc" and (not config.colocate or has_remote(config.engines)):
+    if sync == "ipc" and (not resolve_colocate(config) or has_remote(config.engines)):
         raise ValueError(
             "weight_sync = 'ipc' maps the learner's tensors into an engine on the same GPU: "
             "it needs colocate = true (servers on other GPUs: 'nccl')"

@@ -17,7 +17,9 @@ them from the next model token's value (``loomrl.algos.returns.gae``).
 
 from __future__ import annotations
 
+import contextlib
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -26,13 +28,22 @@ import torch
 from torch import Tensor
 
 from loomrl.algos import advantages as estimators
+from loomrl.algos.stats import masked_mean
 from loomrl.experience import Batch, MicroBatch, micro_batches
+from loomrl.experience.attention import document_lengths, prepare_attention
+from loomrl.experience.padded_mask import padded_mask
 from loomrl.experience.ranks import full_tensor, my_share, sum_across, world_size
 from loomrl.train import minibatch
 from loomrl.train.checkpoint import CRITIC, CheckpointError
 from loomrl.train.learner import fused_adamw
 from loomrl.train.losses.value import explained_variance, value_loss
-from loomrl.train.sharding import full_weights, is_sharded, restore_optimizer, shard
+from loomrl.train.sharding import (
+    full_weights,
+    is_sharded,
+    precision_policy,
+    restore_optimizer,
+    shard_from_rank0,
+)
 
 
 @dataclass(frozen=True)
@@ -101,13 +112,21 @@ class ValueModel(torch.nn.Module):
             if world_size() == 1:
                 return out
             cols = torch.zeros(1, dtype=torch.long, device=device)  # ranks all run a forward
-        hidden = self.backbone(
-            input_ids=mb.input_ids.to(device), position_ids=mb.position_ids.to(device),
-            attention_mask=None if mb.attention_mask is None else mb.attention_mask.to(device),
-            use_cache=False,
-        ).last_hidden_state  # [b, n, H]  # fmt: skip
+        inputs = {
+            "input_ids": mb.input_ids.to(device), "position_ids": mb.position_ids.to(device),
+            "attention_mask": None if mb.attention_mask is None else mb.attention_mask.to(device),
+            "use_cache": False,
+        }  # fmt: skip
+        # a packed row of samples: each attends within itself, as the policy's do
+        documents = None
+        if mb.attention_mask is None:
+            documents = mb.documents or tuple(document_lengths(mb.position_ids))
+        inputs.update(prepare_attention(self.backbone, inputs["position_ids"], documents))
+        inputs["attention_mask"] = padded_mask(self.backbone, mb, inputs["attention_mask"])
+        hidden = self.backbone(**inputs).last_hidden_state  # [b, n, H]
+        rows = hidden[:, cols].reshape(-1, hidden.shape[-1]).float()  # [b·k, H]
         with torch.autocast(device.type, enabled=False):  # the head regresses in fp32
-            values = self.head(hidden[:, cols].float()).squeeze(-1)  # [b, k]
+            values = self.head(rows).view(b, -1)  # [b, k]
         where = (torch.arange(b, device=device)[:, None], (cols + 1)[None, :])
         return torch.where(want, out.index_put(where, values), torch.zeros_like(out))
 
@@ -124,29 +143,62 @@ def load_value_model(
     return ValueModel(backbone, int(backbone.config.hidden_size))
 
 
+def empty_value_model(spec_dir: Path, dtype: torch.dtype) -> ValueModel:
+    """``load_value_model``'s model on the meta device: no weights read, no memory."""
+    from transformers import AutoModel
+
+    from loomrl.models.loading import on_meta
+
+    backbone = on_meta(AutoModel, spec_dir, dtype)
+    with torch.device("meta"):
+        return ValueModel(backbone, int(backbone.config.hidden_size))
+
+
 def open_critic(
     model_dir: Path, config: CriticConfig, policy_tokenizer: Any, *, dtype: torch.dtype,
     spec: str, state: dict[str, Any] | None = None, device: torch.device | None = None,
-    sharded: bool = False, optimizer_dir: Path | None = None,
+    sharded: bool = False, optimizer_dir: Path | None = None, precision: str = "fp32",
 ) -> Critic:  # fmt: skip
     """A ``Critic`` on the model at ``model_dir`` (``spec`` names it in errors) on
     ``device`` (default the CPU), with a checkpoint's ``state`` when resuming; sharded
-    over the learner ranks when ``sharded`` (its weights restored first, whole; a sharded
-    run's optimizer state is in the DCP directory ``optimizer_dir``)."""
-    model = load_value_model(model_dir, dtype, policy_tokenizer, spec).to(device or "cpu")
-    try:
-        if state is not None:
-            model.load_state_dict(state["model"])
-        if sharded:
-            shard(model)
-        critic = Critic(model, config)
-        if state is not None:
+    over the learner ranks when ``sharded``: rank 0 loads it (the checkpoint's weights
+    restored, whole) and the others receive their shards; its float32 head a unit of its
+    own, the backbone gathered as ``precision`` says (``sharding.precision_policy``). A
+    sharded run's optimizer state is in the DCP directory ``optimizer_dir``."""
+    import torch.distributed as dist
+
+    rank0 = not sharded or dist.get_rank() == 0
+    source = load_value_model(model_dir, dtype, policy_tokenizer, spec) if rank0 else None
+    with _checkpoint_errors(spec):
+        if state is not None and source is not None:
+            source.load_state_dict(state["model"])
+    # Not the checkpoint's fault when these fail (a device out of memory, a rank gone
+    # from a collective): their own errors, not "does not fit".
+    if sharded:
+        model = empty_value_model(model_dir, dtype)
+        shard_from_rank0(
+            model, source, device or torch.device("cpu"), precision_policy(precision),
+            keep_fp32=(model.head,),
+        )  # fmt: skip
+    else:
+        assert source is not None
+        model = source.to(device or "cpu")
+    critic = Critic(model, config)
+    if state is not None:
+        with _checkpoint_errors(spec):
             critic.load_state_dict(state, optimizer_dir)
+    return critic
+
+
+@contextlib.contextmanager
+def _checkpoint_errors(spec: str) -> Iterator[None]:
+    """A checkpoint's critic state that does not load: ``CheckpointError`` naming it."""
+    try:
+        yield
     except (RuntimeError, KeyError, ValueError, TypeError, FileNotFoundError) as exc:
         raise CheckpointError(
             f"{CRITIC}: the checkpoint's critic does not fit the model {spec!r} ({exc})"
         ) from exc
-    return critic
 
 
 def check_same_vocab(tokenizer: Any, policy_tokenizer: Any, spec: str) -> None:
@@ -183,48 +235,64 @@ class Critic:
     @torch.no_grad()
     def values(self, batch: Batch) -> Tensor:
         """``V`` of every completion token of ``batch`` (float32, CPU, shaped like
-        ``batch.input_ids``; 0 on prompt and padding), in eval mode."""
-        out = torch.zeros(batch.input_ids.shape, dtype=torch.float32)
+        ``batch.input_ids``; 0 on prompt and padding), in eval mode. Gathered on the
+        model's device and copied to the host once, after the last micro-batch (a copy per
+        micro-batch would wait for the device each time)."""
+        out = torch.zeros(
+            batch.input_ids.shape, dtype=torch.float32, device=self.model.head.weight.device
+        )
         was_training = self.model.training
         self.model.eval()
         try:
             for mb, real in my_share(micro_batches(batch, self.config.max_tokens)):
                 with self._autocast():
-                    values = self.model(mb).float().cpu()
+                    values = self.model(mb).float()
                 if real:
                     out[mb.rows, mb.cols] = values
         finally:
             self.model.train(was_training)
-        return sum_across(out)  # learner ranks: each filled its own share
+            if is_sharded(self.model):  # the root unit's gathered weights, not kept (no
+                self.model.reshard()  # backward reshards them) through the policy's update
+        return sum_across(out).cpu()  # learner ranks: each filled its own share
 
     def step(self, batch: Batch, old: Tensor) -> dict[str, float]:
         """``ppo_epochs`` × mini-batches AdamW steps of the clipped value loss towards
         ``batch.returns``; ``old`` are the values ``values(batch)`` gave before the policy's
-        update (what the estimator read), token-aligned with ``batch.input_ids``."""
+        update (what the estimator read), token-aligned with ``batch.input_ids``. The
+        device is read back once, at the end (every update's figures and the step's)."""
         cfg, started = self.config, time.perf_counter()
-        mask = batch.loss_mask
-        on = mask.bool()
+        device = self.model.head.weight.device
+        batch, old = batch.to(device, metadata=False), old.to(device)  # once: sliced there
         spans = minibatch.ranges(batch.num_samples, cfg.mini_batch_size)
-        updates = []
+        updates: list[Tensor] = []  # each update's (loss, clip fraction, gradient norm)
         for _ in range(cfg.ppo_epochs):
             for first, end in spans:
                 sub, (sub_old,) = minibatch.select(batch, first, end, old)
                 updates.append(self._update(sub, sub_old))
+        mask = batch.loss_mask
+        figures = torch.stack([
+            explained_variance(old, batch.returns, mask),
+            masked_mean(old.double(), mask), masked_mean(batch.returns.double(), mask),
+        ])  # fmt: skip
+        values = torch.cat([torch.stack(updates).double().flatten(), figures]).tolist()
+        count = len(updates)
+        loss, clipped, grad_norm = (values[i : 3 * count : 3] for i in range(3))
+        variance, values_mean, returns_mean = values[3 * count :]
         return {
-            "value_loss": sum(u[0] for u in updates) / len(updates),
-            "value_clip_fraction": sum(u[1] for u in updates) / len(updates),
-            "critic_grad_norm": sum(u[2] for u in updates) / len(updates),
-            "explained_variance": explained_variance(old, batch.returns, mask),
-            "values_mean": float(old[on].mean()) if on.any() else 0.0,
-            "returns_mean": float(batch.returns[on].mean()) if on.any() else 0.0,
+            "value_loss": sum(loss) / count,
+            "value_clip_fraction": sum(clipped) / count,
+            "critic_grad_norm": sum(grad_norm) / count,
+            "explained_variance": variance,
+            "values_mean": values_mean,
+            "returns_mean": returns_mean,
             "critic_s": time.perf_counter() - started,
         }
 
-    def _update(self, batch: Batch, old: Tensor) -> tuple[float, float, float]:
-        """One AdamW step on a (mini-)batch: (loss, clip fraction, gradient norm)."""
+    def _update(self, batch: Batch, old: Tensor) -> Tensor:
+        """One AdamW step on a (mini-)batch on the critic's device: ``[3]`` (loss, clip
+        fraction, gradient norm), on the device."""
         cfg = self.config
         device = self.model.head.weight.device
-        batch, old = batch.to(device, metadata=False), old.to(device)  # once: sliced there
         weights = batch.loss_mask / batch.loss_mask.sum().clamp(min=1.0)  # token mean
         self.model.train()
         self.optimizer.zero_grad(set_to_none=True)
@@ -249,8 +317,7 @@ class Critic:
         totals[2] = full_tensor(norm).float()
         self.optimizer.step()
         self.updates += 1
-        loss, clipped, grad_norm = totals.tolist()
-        return loss, clipped, grad_norm
+        return totals
 
     def state_dict(self) -> dict[str, Any]:
         """Weights (head included), optimizer state and update count: tensors and plain

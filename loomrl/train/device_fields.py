@@ -23,16 +23,20 @@ LEARNER_WORLD_SIZE: Any = Field(
 )
 MICRO_BATCH_TOKENS: Any = Field(
     "auto",
-    description="tokens per forward/backward ('auto': from the learner device's free memory, "
-    "loomrl.train.budget)",
+    description="tokens per forward/backward ('auto': what the run's memory plan leaves for "
+    "activations, loomrl.train.memory_plan)",
 )
 WEIGHT_SYNC: Any = Field(
     "transfer",
     description="weights to engines: vLLM's transfer API over TCP (any host), its NCCL or "
     "CUDA IPC backends (GPU engines), or a shared file",
 )
+Colocate = bool | Literal["auto"]
+
 COLOCATE: Any = Field(
-    False, description="the in-process engine sleeps (vLLM sleep mode) while the learner trains"
+    "auto",
+    description="the in-process engine sleeps (vLLM sleep mode) while the learner trains "
+    "('auto': on where one GPU holds the learner and the engine and the settings allow it)",
 )
 SLEEP_LEVEL: Any = Field(
     1, description="colocate's vLLM sleep level: 1 keeps the weights on the host, 2 drops them"

@@ -6,6 +6,9 @@ default). Each mini-batch runs in micro-batches of at most ``max_tokens`` tokens
 accumulation: the per-token weights are normalised over the whole mini-batch, so the
 split never changes the gradient), clips the global gradient norm and steps AdamW; the
 learning-rate schedule steps once per batch. Device-agnostic: the model's device is used.
+A step reads the device back once, at its end (every update's diagnostics, the mismatch
+meter's sums and the trained-token count in one tensor), however many micro-batches it
+runs: ``tests/train/test_host_syncs.py`` counts (``loomrl.train.host_reads``).
 
 The old policy of the ratio ρ = π_θ / π_old: with one update per batch it is the policy
 itself (``logp.detach()``, ρ = 1); with several, ``old_logprobs = "learner"`` recomputes
@@ -160,7 +163,12 @@ class Learner:
                 updates.append(self._update(sub, sub_old, sub_ref, meter if epoch == 0 else None))
         self.scheduler.step()
         self.steps += 1
-        rows = [dict(zip(KEYS, row, strict=True)) for row in torch.stack(updates).tolist()]
+        # the step's one read of the device: every update's sums, the meter's, the tokens
+        trained = batch.loss_mask.sum().double()[None]
+        flat = torch.cat([torch.stack(updates).double().flatten(), meter.figures(), trained])
+        values, n = flat.tolist(), len(KEYS)
+        width = n * len(updates)
+        rows = [dict(zip(KEYS, values[i : i + n], strict=True)) for i in range(0, width, n)]
         mean = {k: sum(u[k] for u in rows) / len(rows) for k in KEYS}
         return {
             **{k: mean[k] for k in ("loss", "kl", "is_weight", "entropy", "grad_norm")},
@@ -172,9 +180,9 @@ class Learner:
             "ppo_updates": float(len(updates)),
             "micro_batches": mean["micro_batches"],
             "sampler_learner_abs_gap": mean["gap"],
-            **meter.metrics(),
+            **MismatchMeter.metrics(values[width:-1]),
             "lr": lr,
-            "trained_tokens": float(batch.loss_mask.sum()),
+            "trained_tokens": values[-1],
             "learner_s": time.perf_counter() - started,
         }
 
@@ -243,6 +251,7 @@ class Learner:
                 meter.add(before - sampler, corrected, model_owner, batch.num_samples)
             parts = compute_loss(
                 cfg.loss, logp, mb_old, batch.advantages[at], w, owner=mb_owner,
+                num_samples=batch.num_samples,
                 clip_low=cfg.clip_low, clip_high=cfg.clip_high, drift_coef=cfg.drift_coef,
                 is_weight=corrected.weight, dual_clip=cfg.dual_clip,
                 ref=None if ref is None else ref[at], kl_coef=cfg.kl_coef,

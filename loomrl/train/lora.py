@@ -176,13 +176,28 @@ def adapter_of(model: torch.nn.Module) -> Adapter:
     )
 
 
-def sync_weights(model: torch.nn.Module, on_host: bool = True) -> dict[str, Tensor]:
+def sync_weights(
+    model: torch.nn.Module, on_host: bool = True, dtype: torch.dtype | None = None
+) -> dict[str, Tensor]:
     """What a weight sync sends the engine: the merged weights of a LoRA model, else the
     model's own state dict; on the host (a learner on a GPU copies them once here, the
     engine's loaders read host memory), or where they are for vLLM's GPU backends (NCCL
-    and IPC send from the learner's GPU)."""
+    and IPC send from the learner's GPU). ``dtype``: the engines' (e.g. bf16 beside fp32
+    master weights): a GPU's tensors are cast to it on the GPU, one at a time, before
+    their host copy, so half the bytes cross and the device holds one cast tensor at a
+    time; host tensors are left to the senders, which cast them bucket by bucket."""
     weights = merged_state_dict(model) if is_lora(model) else model.state_dict()
-    return {k: v.detach().cpu() if on_host else v.detach() for k, v in weights.items()}
+    if not on_host:
+        return {k: v.detach() for k, v in weights.items()}
+    return {k: _to_host(v.detach(), dtype) for k, v in weights.items()}
+
+
+def _to_host(tensor: Tensor, dtype: torch.dtype | None) -> Tensor:
+    """``tensor`` on the host, cast to ``dtype`` first on its own device when it lives on
+    an accelerator (the cast copy is freed as soon as the host has it)."""
+    if dtype is not None and tensor.device.type != "cpu" and tensor.is_floating_point():
+        tensor = tensor.to(dtype=dtype)
+    return tensor.cpu()
 
 
 class AdaptersOff:

@@ -3,7 +3,10 @@
 ``device = "auto"`` is the accelerator when there is one (learner rank ``r`` of several
 takes ``cuda:r``), else the CPU. Precision follows the device the models are on, never
 merely whether CUDA exists: bf16 autocast only where that device multiplies bf16 natively
-(``loomrl.hardware.fast_bf16``). The three precisions a run can train in:
+(``loomrl.hardware.fast_bf16``: a CPU with AVX512-BF16 or AMX, a GPU of compute capability
+8.0 or later). A pre-Ampere GPU trains in fp32: fp16 autocast would need loss scaling,
+which the learner does not do (``precision_notice`` says so once). The three precisions a
+run can train in:
 
 - ``fp32``: fp32 weights and matmuls;
 - ``bf16-mixed``: fp32 master weights and optimizer state, bf16 matmuls (autocast);
@@ -18,7 +21,7 @@ from typing import Literal
 
 import torch
 
-from loomrl.hardware import fast_bf16
+from loomrl.hardware import fast_bf16, gpu_name
 
 Device = Literal["auto", "cuda", "cpu"]
 
@@ -41,8 +44,22 @@ def resolve_device(name: Device, rank: int = 0) -> torch.device:
 def resolve_autocast(autocast: str, device: torch.device) -> str | None:
     """The matmul dtype: ``auto`` is bf16 only where ``device`` computes it fast."""
     if autocast == "auto":
-        return "bfloat16" if fast_bf16(device.type) else None
+        return "bfloat16" if fast_bf16(device.type, device.index or 0) else None
     return None if autocast == "none" else autocast
+
+
+def precision_notice(dtype: str, autocast: str, device: torch.device) -> str | None:
+    """One line for a GPU without bf16 hardware (compute capability < 8.0): what the
+    learner trains in there, or that the bf16 asked for is emulated (slow); None elsewhere."""
+    if device.type != "cuda" or fast_bf16("cuda", device.index or 0):
+        return None
+    card = f"{device} ({gpu_name(device.index or 0)})"
+    if dtype == "bfloat16" or autocast == "bfloat16":
+        return (
+            f"{card} has no bf16 hardware: bf16 is emulated there (slow); dtype = 'float32' "
+            "with autocast = 'auto' trains in fp32"
+        )
+    return f"{card} has no bf16 hardware: the learner trains in fp32 (autocast = 'auto')"
 
 
 @dataclass(frozen=True)

@@ -5,7 +5,9 @@ for a 7B policy, a model copy in host memory per sync. ``GatheredWeights`` inste
 every tensor's name, dtype and global shape from the shards (a DTensor's shape is the
 global one) and gathers a tensor only when a reader (an engine's ``TransferSender``)
 asks for it, in the state dict's one order; every other rank runs ``gather_pass``, the
-same gathers in the same order, so the collectives meet.
+same gathers in the same order, so the collectives meet. Each tensor is cast to the
+engine's dtype where it lives, before the gather, and stays on the learner's device for an
+engine that reads it there (NCCL): no trip through the host and back per tensor.
 
 Several engines take one sync at once (a pool's replicas, each sending from its own
 thread): ``split(n)`` gives each its reader, a tensor is gathered once and kept until
@@ -37,31 +39,42 @@ def state_entries(model: torch.nn.Module) -> list[tuple[str, Tensor]]:
     return list(get_model_state_dict(model).items())
 
 
-def gather(value: Tensor) -> Tensor:
-    """One tensor whole (a collective for a DTensor: every rank calls it), on the host."""
+def gather(value: Tensor, dtype: torch.dtype | None = None, on_host: bool = True) -> Tensor:
+    """One tensor whole (a collective for a DTensor: every rank calls it, with the same
+    ``dtype``): a floating one cast to ``dtype`` first, shard by shard where it lives (the
+    all-gather and any host copy then move the engine's bytes, not float32's), then copied
+    to the host when ``on_host`` (else left on the learner's device, for an engine that
+    reads from it: NCCL)."""
     from torch.distributed.tensor import DTensor
 
+    value = value.detach()
+    if dtype is not None and value.is_floating_point():
+        value = value.to(dtype)
     if isinstance(value, DTensor):
         value = value.full_tensor()
-    return value.detach().to("cpu")
+    return value.to("cpu") if on_host else value
 
 
-def gather_pass(model: torch.nn.Module) -> None:
-    """A rank other than 0's part of a streamed sync: every gather rank 0 makes, in its
-    order, the results dropped."""
+def gather_pass(model: torch.nn.Module, dtype: torch.dtype | None = None) -> None:
+    """A rank other than 0's part of a streamed sync: every gather rank 0 makes (in the
+    same ``dtype``), in its order, the results dropped."""
     from torch.distributed.tensor import DTensor
 
     for _, value in state_entries(model):
         if isinstance(value, DTensor):
-            value.full_tensor()
+            gather(value, dtype, on_host=False)
 
 
 class GatheredWeights(Mapping[str, Tensor]):
     """Rank 0's weights, gathered as read (see the module docstring). Used directly it
     is one reader; ``split(n)`` makes ``n`` before the first read."""
 
-    def __init__(self, model: torch.nn.Module, window_bytes: int = BUCKET_BYTES) -> None:
+    def __init__(
+        self, model: torch.nn.Module, window_bytes: int = BUCKET_BYTES,
+        dtype: torch.dtype | None = None, on_host: bool = True,
+    ) -> None:  # fmt: skip
         self._entries = state_entries(model)
+        self.dtype, self.on_host = dtype, on_host  # of every gather (see ``gather``)
         self._index = {name: i for i, (name, _) in enumerate(self._entries)}
         self.window_bytes = window_bytes
         self._cond = threading.Condition()
@@ -75,8 +88,12 @@ class GatheredWeights(Mapping[str, Tensor]):
         self.gathered = 0  # tensors gathered so far (the pass has every one)
 
     def specs(self) -> list[Spec]:
-        """Every tensor's name, dtype and global shape, in the order it is gathered."""
-        return [(name, value.dtype, tuple(value.shape)) for name, value in self._entries]
+        """Every tensor's name, dtype (as gathered) and global shape, in the order it is
+        gathered."""
+        return [(name, self._dtype(value), tuple(value.shape)) for name, value in self._entries]
+
+    def _dtype(self, value: Tensor) -> torch.dtype:
+        return self.dtype if self.dtype is not None and value.is_floating_point() else value.dtype
 
     def split(self, readers: int) -> list[WeightsReader]:
         """``readers`` readers that each take every tensor (none: the pass ends now)."""
@@ -149,12 +166,13 @@ class GatheredWeights(Mapping[str, Tensor]):
             return False
         if self._open - self._started:
             return False
-        upcoming = sum(_nbytes(v) for _, v in self._entries[self._next : i + 1])
+        ahead = self._entries[self._next : i + 1]
+        upcoming = sum(v.numel() * self._dtype(v).itemsize for _, v in ahead)
         return bool(self._held) and self.held_bytes + upcoming > self.window_bytes
 
     def _gather_next(self) -> None:
         _, value = self._entries[self._next]
-        tensor = gather(value)
+        tensor = gather(value, self.dtype, self.on_host)
         self._next += 1
         self.gathered += 1
         if self._open:

@@ -9,7 +9,7 @@ import math
 import pytest
 import torch
 
-from loomrl.algos.corrections import CORRECTIONS, Correction, correct
+from loomrl.algos.corrections import CORRECTIONS, Correction, correct, sequence_sums
 
 # ρ_t per token; sample 0 has three tokens, sample 1 two, the last is no model token.
 RATIOS = [1.0, 3.0, 0.25, 1.0005, 1.0005]
@@ -100,3 +100,42 @@ def test_a_broken_sampler_logprob_gives_finite_weights():
     for name in CORRECTIONS:
         out = correct(Correction(name), old, sampler, torch.tensor([0, 1]), 2)
         assert torch.isfinite(out.weight).all() and torch.isfinite(out.log_ratio).all(), name
+
+
+def test_sequence_sums_against_a_loop():
+    """Masked sums on precomputed indices equal summing each sample's tokens one by one:
+    a ``[b, n]`` layout with padding and environment tokens (-1), samples absent from it."""
+    g = torch.Generator().manual_seed(2)
+    owner = torch.tensor([[-1, -1, 4, 4, 4], [1, 1, -1, 1, 1], [-1, 6, 6, 6, -1]])
+    values = torch.randn(owner.shape, generator=g, dtype=torch.float64)
+    got = sequence_sums(values, owner, 8)
+    want = [
+        sum(float(values[i, j]) for i in range(3) for j in range(5) if owner[i, j] == s)
+        for s in range(8)
+    ]
+    assert got.tolist() == pytest.approx(want, abs=1e-12)
+    assert got.shape == (8,) and got[0] == 0.0 and got[4] != 0.0
+
+
+@pytest.mark.parametrize("name", ["seq_tis", "seq_mask", "geo_mask"])
+def test_sequence_corrections_against_per_sample_products(name):
+    """Each sample's weight from its own tokens' ratios, computed sample by sample."""
+    g = torch.Generator().manual_seed(3)
+    owner = torch.tensor([[-1, 0, 0, 0, -1, 2, 2], [3, 3, -1, 3, 1, 1, 1]])
+    log_ratio = torch.randn(owner.shape, generator=g) * 0.2
+    sampler = torch.randn(owner.shape, generator=g)
+    correction = Correction(name, cap=1.1, low=0.95, high=1.04)
+    out = correct(correction, sampler + log_ratio, sampler, owner, 4)
+    assert len(set(out.weight[owner >= 0].tolist())) > 1  # the samples' weights differ
+    low, high = correction.band
+    for s in range(4):
+        mine = owner == s
+        total = float(log_ratio[mine].double().sum())
+        seq_ratio = math.exp(total)
+        if name == "seq_tis":
+            want = min(seq_ratio, correction.cap)
+        else:
+            value = math.exp(total / int(mine.sum())) if name == "geo_mask" else seq_ratio
+            want = 0.0 if value < low or value > high else 1.0
+        assert out.weight[mine].tolist() == pytest.approx([want] * int(mine.sum()), rel=1e-5)
+    assert (out.weight[owner < 0] == 1.0).all()

@@ -30,3 +30,18 @@ def test_notes_follow_the_message_on_the_same_line():
 
 def test_an_error_without_notes_is_its_message():
     assert one_line(ValueError("plain")) == "plain"
+
+
+def test_a_learner_rank_that_died_is_one_line_and_exit_status_1(cli, monkeypatch):
+    """A fault of the run (not of its input, exit status 2): named, no traceback."""
+    import loomrl.cli.train as train_cli
+    from loomrl.run.rank_group import LearnerRankError
+
+    def dies(args):
+        raise LearnerRankError("learner rank 1 exited (9); see its error above")
+
+    monkeypatch.setattr(train_cli, "cmd_train", dies)
+    monkeypatch.setattr("loomrl.cli.cmd_train", dies)
+    result = cli("train", "--steps", "1")
+    assert result.code == 1
+    assert result.err.strip() == "error: learner rank 1 exited (9); see its error above"

@@ -84,7 +84,7 @@ async def test_an_episode_keeps_its_variables_and_is_scored(mode, make_engine, c
     assert traj.env_metrics["sandbox_s"] > 0
     check_contract(traj)
     assert env.sandbox.stats["sessions"] == 0  # killed once scored
-    assert env.run_info() == {"sandbox": mode}
+    assert env.run_info() == {"sandbox": mode, "parser": "hermes"}  # ChatML: no calls of its own
 
 
 async def test_episodes_do_not_share_an_interpreter(mode, make_engine, tokenizer):
@@ -179,6 +179,9 @@ async def test_few_shot_shows_a_solved_call_that_does_not_count_as_the_episodes(
     assert traj.reward_components == {"correct": 1.0, "tool_use": 0.0}
     with pytest.raises(ValueError, match="few_shot shows a Hermes tool call"):
         PythonToolEnv(few_shot=True, parser="mistral", sandbox={"pool_size": 0})
+    mistral = Path(__file__).parents[1] / "fixtures" / "chat_templates" / "mistral.jinja"
+    env.use_chat_template(mistral.read_text())  # the demo's format, whatever the template
+    assert env.parser_name == "hermes"
 
 
 async def test_a_resumed_episode_is_told_its_variables_are_gone():

@@ -7,11 +7,13 @@ chosen per device is checked with the imports faked."""
 
 from __future__ import annotations
 
+import itertools
 import traceback
 from collections import Counter
 
 import pytest
 import torch
+import torch.nn.functional as F
 from torch.utils._python_dispatch import TorchDispatchMode
 from transformers import AutoModelForCausalLM, LlamaConfig, Qwen2Config
 
@@ -239,3 +241,66 @@ def test_packed_pass_reads_nothing_back_from_the_device():
     assert mode.sites["attention.py"] == 0, mode.sites
     # transformers: one read for "no padding" (its causal-mask skip), not one per layer
     assert sum(mode.sites.values()) <= 1, mode.sites
+
+
+def fake_flash_varlen(
+    q,
+    k,
+    v,
+    cu_seqlens_q,
+    cu_seqlens_k,
+    max_seqlen_q,
+    max_seqlen_k,
+    dropout_p=0.0,
+    softmax_scale=None,
+    causal=False,
+):
+    """flash-attn's varlen kernel (``[N, H, D]`` rows, samples cut by ``cu_seqlens``), done
+    with one causal sdpa call per sample: what the CPU can run in its place."""
+    assert causal and torch.equal(cu_seqlens_q, cu_seqlens_k)
+    bounds = cu_seqlens_q.tolist()
+    out = []
+    for a, b in itertools.pairwise(bounds):
+        qs, ks, vs = (t[a:b].transpose(0, 1)[None] for t in (q, k, v))
+        o = F.scaled_dot_product_attention(
+            qs, ks, vs, is_causal=True, scale=softmax_scale, enable_gqa=True
+        )
+        out.append(o[0].transpose(0, 1))
+    return torch.cat(out)
+
+
+def test_flash_runs_the_varlen_kernel_with_the_boundaries_and_builds_no_mask(monkeypatch):
+    """Under its own registered name the flash path gets no mask from transformers (whose
+    ``flash_attention_2`` mask step looks for packed rows in the position ids first: a
+    wait for the device per forward pass) and gives the per-sample results."""
+    import transformers.masking_utils as masking
+    import transformers.modeling_flash_attention_utils as fa
+
+    def kernels(implementation, *args, **kwargs):
+        assert implementation == attention.FLASH_KERNEL
+        return None, fake_flash_varlen, None, None, None
+
+    monkeypatch.setattr(fa, "_lazy_imports", kernels)
+    monkeypatch.setattr(fa, "_loaded_implementation", None)
+    looked = []
+    find = masking.find_packed_sequence_indices
+    monkeypatch.setattr(
+        masking, "find_packed_sequence_indices", lambda pos: looked.append(1) or find(pos)
+    )
+    monkeypatch.setattr(attention, "choose", lambda device, dtype: FLASH)
+    model = tiny("qwen2")
+    ts = trajs(seed=3)
+    n = sum(len(t.prompt_ids) + len(t.completion_ids) for t in ts)
+    weights = torch.linspace(-1.0, 2.0, n)
+    got, got_grads = packed_scores(model, ts, weights)
+    assert model.config._attn_implementation == FLASH and not looked
+    ref, ref_grads = reference_scores(model, ts, weights)
+    for a, b in zip(got, ref, strict=True):
+        torch.testing.assert_close(a, b, atol=ATOL, rtol=0)
+    for name, g in got_grads.items():
+        scale = float(ref_grads[name].abs().max())
+        torch.testing.assert_close(g, ref_grads[name], atol=ATOL * scale, rtol=0, msg=name)
+    with pytest.raises(ValueError, match="needs the samples' boundaries"):
+        attention.flash_forward(
+            model.model.layers[0].self_attn, *[torch.zeros(1, 2, 3, 4)] * 3, None
+        )

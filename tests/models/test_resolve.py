@@ -72,7 +72,7 @@ def test_unknown_name_lists_what_is_known(home, spec):
     message = str(info.value)
     assert f"unknown model {spec!r}" in message
     assert "smollm2-135m-instruct" in message and "tiny-random:SEED" in message
-    assert "never downloaded" in message
+    assert "a Hub name 'org/name[@revision]'" in message
     assert isinstance(info.value, ValueError)
     assert not models_dir().exists()  # nothing was built
 

@@ -72,12 +72,37 @@ def test_the_clipped_value_loss_matches_a_hand_computed_example():
 def test_explained_variance_by_hand():
     ret = torch.tensor([1.0, 2.0, 3.0, 99.0])
     mask = torch.tensor([1.0, 1.0, 1.0, 0.0])
-    assert explained_variance(ret.clone(), ret, mask) == pytest.approx(1.0)
-    assert explained_variance(torch.full((4,), 2.0), ret, mask) == pytest.approx(0.0)
+
+    def ev(values: torch.Tensor, returns: torch.Tensor) -> float:
+        return float(explained_variance(values, returns, mask))
+
+    assert ev(ret.clone(), ret) == pytest.approx(1.0)
+    assert ev(torch.full((4,), 2.0), ret) == pytest.approx(0.0)
     # residuals [1, 1, 1] - mean: variance 0 -> 1; residuals [0, 0, 3]: 2 / (2/3) = 3 -> -2
-    assert explained_variance(ret - 1, ret, mask) == pytest.approx(1.0)
-    assert explained_variance(torch.tensor([1.0, 2.0, 0.0, 0.0]), ret, mask) == pytest.approx(-2.0)
-    assert explained_variance(ret, torch.ones(4), mask) == 0.0  # nothing to explain
+    assert ev(ret - 1, ret) == pytest.approx(1.0)
+    assert ev(torch.tensor([1.0, 2.0, 0.0, 0.0]), ret) == pytest.approx(-2.0)
+    assert ev(ret, torch.ones(4)) == 0.0  # nothing to explain
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_explained_variance_against_the_selected_tokens(seed):
+    """Masked sums on the device equal the variances of the mask-1 tokens picked out one by
+    one; an inf off the mask does not leak; no token or one token: 0."""
+    g = torch.Generator().manual_seed(seed)
+    returns, values = torch.randn(3, 8, generator=g), torch.randn(3, 8, generator=g) * 0.5
+    mask = (torch.rand(3, 8, generator=g) > 0.4).float()
+    values[mask == 0] = float("inf")
+    triples = zip(returns.flatten(), values.flatten(), mask.flatten(), strict=True)
+    picked = [(float(r), float(r) - float(v)) for r, v, m in triples if m]
+    r = torch.tensor([p[0] for p in picked], dtype=torch.float64)
+    d = torch.tensor([p[1] for p in picked], dtype=torch.float64)
+    want = 1.0 - float(d.var(unbiased=False)) / float(r.var(unbiased=False))
+    got = explained_variance(values, returns, mask)
+    assert got.dtype == torch.float64 and float(got) == pytest.approx(want, rel=1e-12)
+    one = torch.zeros(3, 8)
+    one[0, 0] = 1.0
+    for few in (torch.zeros(3, 8), one):
+        assert float(explained_variance(returns, returns * 2, few)) == 0.0
 
 
 def test_a_tokens_value_reads_only_the_prefix_before_it(value_model):

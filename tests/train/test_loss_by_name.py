@@ -34,8 +34,9 @@ def test_gspo_hand_computed():
     mask = torch.ones(5)
     w = token_weights(mask, owner, 2, "seq-mean-token-mean").to(D)
     parts = gspo_loss(
-        logp, old, t(1, 1, -0.5, -0.5, -0.5), w, owner=owner, clip_low=0.1, clip_high=0.1
-    )
+        logp, old, t(1, 1, -0.5, -0.5, -0.5), w, owner=owner, num_samples=2, clip_low=0.1,
+        clip_high=0.1,
+    )  # fmt: skip
     assert float(parts.loss.detach()) == pytest.approx(-0.30, abs=1e-7)  # float32 weights
     assert parts.clipped.tolist() == [1, 1, 0, 0, 0]
     parts.loss.backward()
@@ -54,7 +55,8 @@ def test_gspo_token_form_has_the_sequence_forms_gradient():
     adv = adv_per_sample[owner]
     w = token_weights(mask, owner, 3, "seq-mean-token-mean").to(D)
     logp = (old + delta).requires_grad_(True)
-    gspo_loss(logp, old, adv, w, owner=owner, clip_low=1.0, clip_high=10.0).loss.backward()
+    parts = gspo_loss(logp, old, adv, w, owner=owner, num_samples=3, clip_low=1.0, clip_high=10.0)
+    parts.loss.backward()
     x = (old + delta).requires_grad_(True)
     paper = 0.0
     for i in range(3):
@@ -67,8 +69,31 @@ def test_gspo_token_form_has_the_sequence_forms_gradient():
 
 def test_sequence_mean_skips_weightless_tokens():
     values, owner = t(1, 3, 100, 2, 4), torch.tensor([0, 0, 0, 1, 1])
-    got = sequence_mean(values, t(1, 1, 0, 1, 1), owner)
+    got = sequence_mean(values, t(1, 1, 0, 1, 1), owner, 2)
     assert got.tolist() == [2, 2, 0, 3, 3]
+
+
+def test_sequence_mean_against_a_loop_over_samples():
+    """A micro-batch of some of a batch's samples (indices up to ``num_samples - 1``, not
+    all present), padding (-1) and weightless tokens: each token gets the plain mean of its
+    sample's weighted values."""
+    g = torch.Generator().manual_seed(5)
+    owner = torch.tensor([[-1, 3, 3, 3, 3, 3], [5, 5, 5, 5, -1, -1], [6, 6, 6, 6, 6, 6]])
+    values = torch.randn(owner.shape, generator=g, dtype=D)
+    weights = (torch.rand(owner.shape, generator=g) > 0.3).to(D) * (owner >= 0)
+    got = sequence_mean(values, weights, owner, 8)
+    want = torch.zeros_like(values)
+    for sample in range(8):
+        on = [
+            (r, c)
+            for r in range(3)
+            for c in range(6)
+            if owner[r, c] == sample and weights[r, c] > 0
+        ]
+        for r, c in on:
+            want[r, c] = sum(float(values[i, j]) for i, j in on) / len(on)
+    assert torch.allclose(got, want, atol=1e-12)
+    assert (got[weights == 0] == 0).all() and (got[weights > 0] != 0).all()
 
 
 def test_cpgd_hand_computed():
@@ -146,8 +171,8 @@ def test_micro_batches_of_whole_samples_add_up_to_the_full_batch(name, mode):
         total = 0.0
         for s in pieces:
             parts = compute(
-                name, logp[s], old[s], adv[s], w[s], owner=owner[s], sampler=sampler[s],
-                ref=ref[s], **options,
+                name, logp[s], old[s], adv[s], w[s], owner=owner[s], num_samples=len(lengths),
+                sampler=sampler[s], ref=ref[s], **options,
             )  # fmt: skip
             parts.loss.backward()
             total += float(parts.loss.detach())

@@ -9,13 +9,23 @@ import pytest
 import test_learner
 import torch
 from pydantic import ValidationError
+from simulated_gpus import GB, qwen2_dir, simulate_gpus
 from test_learner import BUILDS, adv_rows, grads, learner, make_trajs
 
+from loomrl import hardware
 from loomrl.doctor import check_learner
 from loomrl.experience import compute_logprobs, pack
 from loomrl.train import placement
 from loomrl.train.config import TrainConfig
-from loomrl.train.placement import Placement, place, resolve_autocast, resolve_device
+from loomrl.train.memory_plan import plan_memory
+from loomrl.train.model_shape import Shape
+from loomrl.train.placement import (
+    Placement,
+    place,
+    precision_notice,
+    resolve_autocast,
+    resolve_device,
+)
 from loomrl.train.speed import compiled_part, prepare_for_training
 
 base = test_learner.base  # the fixture
@@ -46,11 +56,45 @@ def test_auto_is_the_cpu_without_a_gpu_and_cuda_is_refused(monkeypatch):
 
 def test_precision_follows_the_learners_device_not_whether_cuda_exists(monkeypatch):
     fake_gpus(monkeypatch, 1)
-    monkeypatch.setattr(placement, "fast_bf16", lambda kind: kind == "cuda")
+    monkeypatch.setattr(placement, "fast_bf16", lambda kind, index=0: kind == "cuda")
     assert TrainConfig(device="cpu").resolved_autocast() is None  # a GPU exists, unused
     assert TrainConfig(device="auto").resolved_autocast() == "bfloat16"
     assert resolve_autocast("none", torch.device("cuda")) is None
     assert resolve_autocast("bfloat16", torch.device("cpu")) == "bfloat16"
+
+
+@pytest.mark.parametrize(
+    ("capability", "autocast", "precision"),
+    [((7, 0), None, "fp32"), ((8, 0), "bfloat16", "bf16-mixed")],
+)  # fmt: skip
+def test_bf16_only_on_cards_that_have_it(monkeypatch, capability, autocast, precision):
+    simulate_gpus(monkeypatch, 32 * GB, capability=capability, name="Tesla V100")
+    assert torch.cuda.is_bf16_supported()  # torch says yes on a V100: it emulates bf16
+    assert hardware.fast_bf16("cuda") is (capability >= (8, 0))
+    config = TrainConfig()
+    assert config.resolved_autocast() == autocast
+    assert config.placement().precision == precision
+    notice = precision_notice(config.dtype, config.autocast, torch.device("cuda", 0))
+    if capability < (8, 0):
+        assert notice == (
+            "cuda:0 (Tesla V100 (compute capability 7.0)) has no bf16 hardware: the learner "
+            "trains in fp32 (autocast = 'auto')"
+        )
+        asked = precision_notice("bfloat16", "none", torch.device("cuda", 0))
+        assert "bf16 is emulated there (slow)" in asked
+    else:
+        assert notice is None
+
+
+def test_the_plan_says_once_what_an_old_card_trains_in(monkeypatch, tmp_path):
+    simulate_gpus(monkeypatch, 32 * GB, capability=(7, 0), name="Tesla V100")
+    shape = Shape.of(qwen2_dir(tmp_path, "0.5b"))
+    plan = plan_memory(TrainConfig(model=str(tmp_path / "qwen2-0.5b")), shape)
+    old = [note for note in plan.notes if "no bf16 hardware" in note]
+    assert len(old) == 1 and "trains in fp32" in old[0]
+    learner = {p.name for p in plan.devices[0].parts}
+    assert "autocast bf16 copies" not in learner  # fp32: nothing cast
+    assert plan.activation_bytes_per_token == 24 * (16 * 896 + 4 * 4864) * 4
 
 
 @pytest.mark.parametrize(

@@ -1,7 +1,11 @@
-"""Several learner ranks (FSDP2 over gloo on this CPU): two ranks take exactly the step one
-process takes (gradients, metrics, weights and optimizer state, fp32 within 1e-6), and a
+"""Several learner ranks (FSDP2 over gloo on this CPU): two ranks, their models built on the
+meta device and loaded by rank 0 alone, take exactly the step one process takes
+(gradients, metrics, weights and optimizer state, fp32 within 1e-6) with the chunked,
+logits-free head, and a
 ``loomrl train`` with two ranks that is SIGKILLed resumes with every step once and no rank
-left behind."""
+left behind; a rank that dies while starting or while the models load is named; a
+checkpoint that a rank cannot see (another host, no shared filesystem) is
+refused on every rank instead of written without that rank's optimizer shard."""
 
 from __future__ import annotations
 
@@ -76,6 +80,9 @@ def test_two_ranks_take_the_step_of_one_process(base, tmp_path):
     for name, param in one.model.named_parameters():
         assert (sharded["grads"][name] - param.grad).abs().max() <= 1e-6, name
         assert (sharded["weights"][name] - param.detach()).abs().max() <= 1e-6, name
+    # every forward pass (the reference's, the old policy's, the update's) on each rank
+    # scored its tokens from the hidden states: no [k, V] logits were made
+    assert sharded["heads"].get("chunked", 0) >= 3 and "logits" not in sharded["heads"]
 
     # The two ranks' optimizer shards load into one process (DCP) as its own state.
     fresh = Learner(copy.deepcopy(base), LearnerConfig(**CONFIG), reference)
@@ -165,3 +172,92 @@ def test_a_rank_that_dies_while_starting_is_named_not_waited_for(tmp_path, monke
     with pytest.raises(RuntimeError, match=r"learner rank 1 exited while starting \(3\)"):
         learner_ranks.LearnerGroup.start(config, None)
     assert time.monotonic() - started < 30
+
+
+SEES = """import sys, time, torch.distributed as dist
+from pathlib import Path
+from loomrl.train.sharding import check_shared_dir
+job, rank, path = Path(sys.argv[1]), int(sys.argv[2]), Path(sys.argv[3])
+dist.init_process_group("gloo", init_method=f"file://{job / 'rendezvous'}", rank=rank, world_size=2)
+try:
+    if rank == 0:  # rank 0 makes the staging directory late: rank 1 must not look before
+        time.sleep(1.0)
+        path.mkdir(parents=True)
+    check_shared_dir(path)
+    (job / f"rank{rank}").write_text("ok")
+except Exception as exc:
+    (job / f"rank{rank}").write_text(f"{type(exc).__name__}: {exc}")
+finally:
+    dist.destroy_process_group()
+"""
+
+
+def test_a_rank_that_cannot_see_the_run_directory_fails_the_save_on_every_rank(tmp_path):
+    """A rank on a host without the run directory would write its optimizer shard into a
+    directory of its own host (DCP makes one) and leave the checkpoint without it: every
+    rank is told instead, naming the rank that does not see it."""
+    import socket
+
+    script = tmp_path / "sees.py"
+    script.write_text(SEES)
+    staging = Path("run") / "checkpoints" / ".tmp-step-000001"
+    for job in ("shared", "split"):
+        where = tmp_path / job
+        mine = where / staging  # rank 0's; rank 1 sees it, or a path only its host has
+        elsewhere = tmp_path / "other-host" / staging
+        paths = (mine, mine) if job == "shared" else (mine, elsewhere)
+        where.mkdir()
+        procs = [
+            subprocess.Popen([sys.executable, str(script), str(where), str(r), str(paths[r])])
+            for r in range(2)
+        ]
+        try:
+            for proc in procs:
+                assert proc.wait(timeout=120) == 0
+        finally:
+            for proc in procs:
+                if proc.poll() is None:
+                    proc.kill()
+                    proc.wait()
+        said = [(where / f"rank{r}").read_text() for r in range(2)]
+        if job == "shared":
+            assert said == ["ok", "ok"]
+            continue
+        host = socket.gethostname()
+        for text, path in zip(said, paths, strict=True):  # each names the path it was given
+            assert text == (
+                f"CheckpointError: learner rank 1 (on {host}) does not see {path}, the "
+                f"checkpoint rank 0 (on {host}) is writing, which every rank adds its "
+                "optimizer shard to: learner ranks on other hosts need the run directory "
+                "(out) on a filesystem every host shares, at the same path"
+            )
+        assert not elsewhere.exists()  # nothing was written on the "other host"
+
+
+BROKEN_RANK = """import sys
+import loomrl.run.train_models as train_models
+def unreadable(*args, **kwargs):
+    raise OSError("the model's files are not on this host")
+train_models.empty_lm = unreadable
+from loomrl.run.learner_rank import main
+sys.exit(main())
+"""
+
+
+def test_a_rank_that_dies_while_the_models_load_is_named(tmp_path, monkeypatch):
+    """Rank 1 fails before its shards are filled: the driver, waiting in the broadcast,
+    names it instead of raising the backend's "Connection closed by peer"."""
+    from types import SimpleNamespace
+
+    from loomrl.run import learner_ranks
+    from loomrl.train.config import TrainConfig
+
+    rank = tmp_path / "broken_rank.py"
+    rank.write_text(BROKEN_RANK)
+    python = tmp_path / "python"
+    python.write_text(f"#!/bin/sh\nexec {sys.executable} {rank}\n")
+    python.chmod(0o755)
+    monkeypatch.setattr(learner_ranks.sys, "executable", str(python))
+    plan = SimpleNamespace(config=TrainConfig(**TRAIN), checkpoint=None, memory=None)
+    with pytest.raises(RuntimeError, match=r"^learner rank 1 exited \(1\); see its error above$"):
+        learner_ranks.open_models(plan)

@@ -3,7 +3,9 @@ this CPU, a small tiny-random-shaped model, ``GatheredWeights`` sent through rea
 ``TransferLink``s. What arrives equals ``full_weights`` exactly, for one engine and for a
 pool of two reading at once; rank 0 never holds more than a window plus one tensor of
 gathered weights (far below the model); a receiver that fails midway leaves no rank in a
-collective and the next sync works."""
+collective and the next sync works. A sync in the engine's dtype casts each shard before
+it is gathered (no float32 tensor reaches the host), an NCCL sync's tensors stay on the
+learner's device, and the sync dtype is the engines' where the config fixes it."""
 
 from __future__ import annotations
 
@@ -191,3 +193,108 @@ async def test_a_replica_failing_before_it_reads_holds_up_no_other():
     assert all(torch.equal(got[n], t) for n, t in model.state_dict().items())
     assert [r.retired is not None for r in engines.replicas] == [False, True]
     assert source.finished and source.held_bytes == 0 and source.peak_bytes <= 2 * 4096
+
+
+@pytest.fixture
+def one_rank(tmp_path):
+    """A process group of this process alone: FSDP shards (whole ones) and real gathers."""
+    import torch.distributed as dist
+
+    dist.init_process_group(
+        "gloo", init_method=f"file://{tmp_path / 'rendezvous'}", rank=0, world_size=1
+    )
+    try:
+        yield
+    finally:
+        dist.destroy_process_group()
+
+
+def sharded_tiny() -> torch.nn.Module:
+    from transformers import AutoModelForCausalLM, LlamaConfig
+
+    from loomrl.train.sharding import shard
+
+    config = LlamaConfig(
+        vocab_size=97, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+        num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64,
+    )  # fmt: skip
+    torch.manual_seed(0)
+    model = AutoModelForCausalLM.from_config(config).float()
+    shard(model)
+    return model
+
+
+class Moves:
+    """Every ``Tensor.to`` (the dtype it was called on, where it went) and every gather
+    (the dtype gathered)."""
+
+    def __init__(self, monkeypatch: pytest.MonkeyPatch) -> None:
+        from torch.distributed.tensor import DTensor
+
+        self.to: list[tuple[torch.dtype, str | None]] = []
+        self.gathers: list[torch.dtype] = []
+        to, full = torch.Tensor.to, DTensor.full_tensor
+
+        def spy_to(tensor, *args, **kwargs):
+            target = kwargs.get("device", next((a for a in args if isinstance(a, str)), None))
+            self.to.append((tensor.dtype, None if target is None else str(target)))
+            return to(tensor, *args, **kwargs)
+
+        def spy_full(tensor, *args, **kwargs):
+            self.gathers.append(tensor.dtype)
+            return full(tensor, *args, **kwargs)
+
+        monkeypatch.setattr(torch.Tensor, "to", spy_to)
+        monkeypatch.setattr(DTensor, "full_tensor", spy_full)
+
+
+def test_a_sharded_sync_casts_to_the_engines_dtype_before_the_gather_and_the_host(
+    one_rank, monkeypatch
+):
+    from loomrl.train.sharding import full_weights
+    from loomrl.train.streaming import gather_pass
+
+    model = sharded_tiny()
+    whole = full_weights(model)  # float32, as a checkpoint takes it
+    moves = Moves(monkeypatch)
+    weights = full_weights(model, torch.bfloat16)
+    assert list(weights) == list(whole)
+    for name, tensor in whole.items():
+        assert weights[name].dtype == torch.bfloat16
+        assert torch.equal(weights[name], tensor.to(torch.bfloat16)), name
+    assert moves.gathers and set(moves.gathers) == {torch.bfloat16}  # half the bytes gathered
+    to_host = [dtype for dtype, where in moves.to if where == "cpu"]
+    assert to_host and set(to_host) == {torch.bfloat16}  # no float32 tensor reached the host
+    moves.gathers.clear()
+    gather_pass(model, torch.bfloat16)  # the other ranks' part: the same gathers
+    assert set(moves.gathers) == {torch.bfloat16}
+
+
+def test_an_nccl_sync_keeps_the_gathered_tensors_on_the_learners_device(one_rank, monkeypatch):
+    model = sharded_tiny()
+    moves = Moves(monkeypatch)
+    source = GatheredWeights(model, dtype=torch.bfloat16, on_host=False)
+    assert {dtype for _, dtype, _ in source.specs()} == {torch.bfloat16}
+    got = {name: source[name] for name in source}
+    source.close()
+    assert source.finished and {t.dtype for t in got.values()} == {torch.bfloat16}
+    assert [where for _, where in moves.to if where is not None] == []  # never moved
+
+
+def test_the_sync_dtype_is_the_engines_where_the_config_fixes_it():
+    from loomrl.run.train_models import _sync_dtype
+    from loomrl.train.config import TrainConfig
+    from loomrl.train.placement import Placement
+
+    base = {"model": "tiny-random", "env": "arith"}
+    gpu = Placement(torch.device("cuda", 0), torch.float32, "bfloat16")
+    cpu = Placement(torch.device("cpu"), torch.float32, "bfloat16")
+    mixed = TrainConfig(**base, autocast="bfloat16")
+    assert _sync_dtype(mixed, gpu) == torch.bfloat16  # the model's config.json: bfloat16
+    assert _sync_dtype(mixed, cpu) is None  # vLLM on a CPU picks by the CPU's bf16 support
+    fp32 = TrainConfig(**base, autocast="none")
+    assert _sync_dtype(fp32, gpu) == torch.float32  # the sampler computes as the learner
+    chosen = TrainConfig(**base, autocast="bfloat16", engine_args={"dtype": "float16"})
+    assert _sync_dtype(chosen, cpu) == torch.float16
+    served = TrainConfig(**base, autocast="bfloat16", engines=["http://127.0.0.1:9"])
+    assert _sync_dtype(served, gpu) is None  # a server's dtype is its own

@@ -30,8 +30,9 @@ LOSSES: dict[str, LossFn] = {
 def compute(
     name: str, logp: Tensor, old: Tensor, advantages: Tensor, weights: Tensor, **inputs: Any
 ) -> LossParts:
-    """The loss registered as ``name``; of the keyword ``inputs`` (``owner``, clip ranges,
-    ``drift_coef``, ``sampler``, ``is_cap``, ``ref``, ``kl_coef``) it gets those it takes.
+    """The loss registered as ``name``; of the keyword ``inputs`` (``owner``,
+    ``num_samples``, clip ranges, ``drift_coef``, ``sampler``, ``is_cap``, ``ref``,
+    ``kl_coef``) it gets those it takes.
     Unknown ``name`` → ``ValueError`` naming the known ones."""
     fn = LOSSES.get(name)
     if fn is None:

@@ -29,12 +29,14 @@ from loomrl.train.losses.base import LossParts, finish
 MAX_LOG_RATIO = 10.0
 
 
-def sequence_mean(values: Tensor, weights: Tensor, owner: Tensor) -> Tensor:
+def sequence_mean(values: Tensor, weights: Tensor, owner: Tensor, num_samples: int) -> Tensor:
     """``[*]`` each token's sample mean of ``values`` over the sample's tokens with
-    weight > 0 (0 where the weight is 0); ``owner [*]`` int64 sample index per token."""
+    weight > 0 (0 where the weight is 0); ``owner [*]`` int64 sample index per token, each
+    below ``num_samples`` (the size of the per-sample sums: known on the host, so nothing
+    is read back from the device)."""
     mask = (weights > 0).to(values.dtype)
     index = torch.where(mask > 0, owner, torch.zeros_like(owner)).flatten()
-    size = int(index.max()) + 1 if index.numel() else 1
+    size = max(num_samples, 1)
     sums = torch.zeros(size, dtype=values.dtype, device=values.device)
     sums = sums.index_add(0, index, (values * mask).flatten())
     counts = torch.zeros(size, dtype=values.dtype, device=values.device)
@@ -49,6 +51,7 @@ def gspo_loss(
     weights: Tensor,
     *,
     owner: Tensor,
+    num_samples: int,
     clip_low: float = 3e-4,
     clip_high: float = 4e-4,
     sampler: Tensor | None = None,
@@ -59,8 +62,8 @@ def gspo_loss(
     kl_estimator: str = "k3",
 ) -> LossParts:
     """``-J`` as in the module docstring (token form); every tensor ``[*]`` alike,
-    ``owner`` the sample index of each token."""
-    log_s = sequence_mean(logp.detach() - old, weights, owner)  # [*] log s_i, no gradient
+    ``owner`` the sample index of each token (below ``num_samples``)."""
+    log_s = sequence_mean(logp.detach() - old, weights, owner, num_samples)  # [*] log s_i
     log_s = (log_s + logp - logp.detach()).clamp(max=MAX_LOG_RATIO)  # value log s_i
     ratio = log_s.exp()
     unclipped = -advantages * ratio

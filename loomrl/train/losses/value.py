@@ -20,6 +20,8 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
+from loomrl.algos.stats import masked_var
+
 
 @dataclass(frozen=True)
 class ValueLoss:
@@ -53,15 +55,12 @@ def value_loss(
     return ValueLoss(coef * (weights * per_token).sum(), clipped)
 
 
-def explained_variance(values: Tensor, returns: Tensor, mask: Tensor) -> float:
-    """``1 - Var(R - V) / Var(R)`` over mask-1 tokens (population variances): 1 for a
-    perfect critic, 0 for one that only knows the mean, negative for worse; 0 when the
-    returns do not vary (nothing to explain)."""
-    on = mask.bool()
-    r, v = returns[on].double(), values[on].double()
-    if r.numel() == 0:
-        return 0.0
-    var_r = float(r.var(unbiased=False))
-    if var_r < 1e-12:
-        return 0.0
-    return 1.0 - float((r - v).var(unbiased=False)) / var_r
+def explained_variance(values: Tensor, returns: Tensor, mask: Tensor) -> Tensor:
+    """``1 - Var(R - V) / Var(R)`` over mask-1 tokens (population variances), a 0-dim
+    float64 tensor on the inputs' device (masked sums, nothing read back): 1 for a perfect
+    critic, 0 for one that only knows the mean, negative for worse; 0 when the returns do
+    not vary (nothing to explain)."""
+    r, v = returns.double(), values.double()
+    var_r = masked_var(r, mask, unbiased=False)
+    var_d = masked_var(r - v, mask, unbiased=False)
+    return torch.where(var_r < 1e-12, 0.0, 1.0 - var_d / var_r.clamp(min=1e-12))
