@@ -71,7 +71,7 @@ def synthetic_run(out: Path, steps: int, groups: int, n: int) -> int:
         write_trajectories(out / "trajectories" / f"step-{step:06d}.parquet", trajs)
         rows.append({
             "step": step, "reward_mean": 0.5, "reward_std": 0.3, "entropy": 1 - step / steps,
-            "kl": 0.001 * step, "clip_frac": 0.01, "grad_norm": 1.0, "is_weight": 1.0,
+            "kl": 0.001 * step, "clip_fraction": 0.01, "grad_norm": 1.0, "is_weight": 1.0,
             "sampler_learner_abs_gap": 0.01, "loss": 0.0, "lr": 3e-5, "rollout_s": 10.0,
             "experience_s": 0.1, "learner_s": 5.0, "sync_s": 1.0, "generate_s": 300.0,
             "env_s": 1.0, "score_s": 0.1, "producer/staleness_max": 1,

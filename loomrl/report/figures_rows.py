@@ -15,7 +15,7 @@ from loomrl.report.load import Run
 
 LEARNER = (
     ("entropy", "Entropy (nats/token)"), ("kl", "KL to the reference"),
-    ("clip_frac", "Clip fraction"), ("grad_norm", "Gradient norm (before clipping)"),
+    ("clip_fraction", "Clip fraction"), ("grad_norm", "Gradient norm (before clipping)"),
     ("sampler_learner_abs_gap", "Learner-vs-sampler logprob gap |Δ|"),
     ("is_weight", "Importance weight (mean)"), ("loss", "Loss"), ("lr", "Learning rate"),
 )  # fmt: skip
@@ -39,9 +39,16 @@ PRODUCER_EVENTS = (
 )  # fmt: skip
 
 
+#: Metrics older runs logged under another name: read there when a row lacks the new one.
+OLD_NAMES = {"clip_fraction": "clip_frac"}
+
+
 def series(run: Run, key: str) -> tuple[list[int], list[Any]]:
-    """Steps and values of ``key`` in the rows that have it (a number)."""
-    kept = [(r["step"], r[key]) for r in run.rows if isinstance(r.get(key), int | float)]
+    """Steps and values of ``key`` in the rows that have it (a number; under its old name
+    in a run from before it was renamed)."""
+    old = OLD_NAMES.get(key, key)
+    values = [(r["step"], r[key] if key in r else r.get(old)) for r in run.rows]
+    kept = [(s, v) for s, v in values if isinstance(v, int | float)]
     return [s for s, _ in kept], [v for _, v in kept]
 
 

@@ -11,7 +11,7 @@
 | ``num_chars`` | the completion's length in characters (a metric) |
 
 These are the ``qa`` environment's rewards (``reward = "math_verify"`` there checks with
-the same ``loomrl.answers.check`` object as ``math_verify`` here), so a name means one
+the same ``loomrl.answers.registry`` object as ``math_verify`` here), so a name means one
 thing everywhere. ``math_verify`` runs math-verify in killable child processes
 (``loomrl.answers.mathcheck.MathChecker``), never in the calling thread: some answers
 (``\\boxed{9^{9^{9}}}``) keep sympy inside one C call for minutes, holding the GIL, which
@@ -27,11 +27,11 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any, Literal
 
-from loomrl.answers import checks
-from loomrl.answers.check import AnswerCheck, Choice, Exact, MathVerify, Regex
-from loomrl.answers.checks import MatchMode
+from loomrl.answers import compare
+from loomrl.answers.compare import MatchMode
 from loomrl.answers.mathverify import require_math_verify
 from loomrl.answers.parse import extract_answer
+from loomrl.answers.registry import AnswerCheck, Choice, Exact, MathVerify, Regex
 from loomrl.rewards.base import RewardFn, RewardSample
 
 FormatName = Literal["boxed", "line", "number"]
@@ -93,7 +93,7 @@ def answer_format(answer_format: FormatName = "line") -> RewardFn:
     def format(sample: RewardSample) -> float:
         if answer_format == "number":
             return float(extract_answer(sample.completion).formatted)
-        return float(checks.formatted(sample.completion, answer_format))
+        return float(compare.formatted(sample.completion, answer_format))
 
     return format
 

@@ -172,7 +172,6 @@ class Learner:
         mean = {k: sum(u[k] for u in rows) / len(rows) for k in KEYS}
         return {
             **{k: mean[k] for k in ("loss", "kl", "is_weight", "entropy", "grad_norm")},
-            "clip_frac": mean["clip_fraction"],  # the report's name for clip_fraction
             "clip_fraction": mean["clip_fraction"],
             "clip_fraction_max": max(u["clip_fraction"] for u in rows),
             "approx_kl": mean["approx_kl"],

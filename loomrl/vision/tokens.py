@@ -59,33 +59,6 @@ def collapse(ids: Sequence[int], chat: ChatTokenizer) -> list[int]:
     return out
 
 
-def fold_blocks(ids: Sequence[int], token: int, block: Sequence[int]) -> list[int]:
-    """``ids`` with every occurrence of ``block`` replaced by ``token``."""
-    block = tuple(block)
-    out: list[int] = []
-    i, n, width = 0, len(ids), len(block)
-    while i < n:
-        if ids[i] == block[0] and tuple(ids[i : i + width]) == block:
-            out.append(token)
-            i += width
-        else:
-            out.append(ids[i])
-            i += 1
-    return out
-
-
-def fold_for_engine(ids: Sequence[int], token: int, block: Sequence[int], images: int) -> list[int]:
-    """``ids`` with each image block folded to its placeholder (what vLLM expands),
-    checked to hold one per image: ``ValueError`` otherwise, never a silent mix-up."""
-    folded = fold_blocks(ids, token, block)
-    if folded.count(token) != images:
-        raise ValueError(
-            f"the prompt holds {folded.count(token)} image blocks for {images} images: "
-            "every image needs its placeholder, and only images have one"
-        )
-    return folded
-
-
 def block_starts(ids: Sequence[int], chat: ChatTokenizer, images: Sequence[Any] = ()) -> list[int]:
     """Where each image block starts in ``ids``, in order (one per image); see
     ``blocks_in``."""

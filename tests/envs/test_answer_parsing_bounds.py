@@ -13,7 +13,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from loomrl.answers import choice
-from loomrl.answers.checks import formatted
+from loomrl.answers.compare import formatted
 from loomrl.answers.mathcheck import math_target
 from loomrl.answers.parse import NUMBER, Answer, extract_answer, parse_number, same_number, unwrap
 from loomrl.envs import load

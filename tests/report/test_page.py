@@ -31,7 +31,7 @@ def test_every_plot_element_has_a_figure_with_data(train_dirs):
     ids = re.findall(r'<div class="plot" id="fig-([^"]+)">', page)
     assert ids == [f["id"] for f in figures]
     assert {"reward", "length", "turns", "outcomes", "learner-entropy", "learner-kl",
-            "learner-grad_norm", "learner-clip_frac", "learner-sampler_learner_abs_gap",
+            "learner-grad_norm", "learner-clip_fraction", "learner-sampler_learner_abs_gap",
             "learner-is_weight", "mismatch-kl", "mismatch-gap", "mismatch-ratio",
             "mismatch-correction", "time-0", "time-1", "busy", "tokens-per-s", "staleness",
             "producer-events", "tokens-unused", "length-bias"} <= set(ids)  # fmt: skip

@@ -47,3 +47,17 @@ def test_group_spread_counts_groups_whose_scored_rewards_differ():
     rewards = [1.0, 0.0, 1.0, 1.0, 1.0, 0.0]
     statuses = ["terminated"] * 5 + ["error"]
     assert stats.group_spread(groups, rewards, statuses) == (1, 2)
+
+
+def test_a_run_from_before_the_clip_fraction_was_renamed_still_plots_it(tmp_path):
+    """Runs that logged the clip fraction only as ``clip_frac`` keep their curve."""
+    import pyarrow as pa
+
+    from loomrl.report.figures_rows import series
+    from loomrl.report.load import Run
+
+    old = [{"step": 1, "clip_frac": 0.25}, {"step": 2, "clip_frac": 0.5}]
+    new = [{"step": 1, "clip_fraction": 0.125}]
+    for rows, expected in ((old, ([1, 2], [0.25, 0.5])), (new, ([1], [0.125]))):
+        run = Run(tmp_path, "train", {}, rows, pa.table({}))
+        assert series(run, "clip_fraction") == expected

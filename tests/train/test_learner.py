@@ -288,7 +288,7 @@ def test_metrics_equal_naive_per_token_recomputes(base, temperature):
     assert 0 < metrics["entropy"] <= math.log(49152)
     gap = mean([abs(lp - s) for lp, s in zip(lps, sampler, strict=True)])
     assert metrics["sampler_learner_abs_gap"] == pytest.approx(gap, rel=1e-4) and gap > 0.1
-    assert metrics["clip_frac"] == 0.0  # one update per batch: ρ = 1, nothing to clip
+    assert metrics["clip_fraction"] == 0.0  # one update per batch: ρ = 1, nothing to clip
     assert metrics["trained_tokens"] == n and metrics["lr"] == 1e-3
     assert metrics["grad_norm"] > 0 and metrics["learner_s"] > 0
     assert all(math.isfinite(v) for v in metrics.values())

@@ -4,7 +4,7 @@ Examples (``loomrl.data`` loads them; the environment generates none) open with
 ``messages`` (the chat that opens the episode, used as it is; the system prompt goes first
 unless it starts with one) or, when those are absent or null, ``question`` (the user
 message; a ``choices`` list is rendered under it as ``A. ...`` lines), and carry
-``answer``, the reference each reward reads (``loomrl.answers.checks``,
+``answer``, the reference each reward reads (``loomrl.answers.compare``,
 ``loomrl.answers.choice``).
 
 ``max_attempts > 1`` is the retry shape: after a wrong reply the environment says so
@@ -24,10 +24,10 @@ import importlib.util
 import math
 from typing import Any
 
-from loomrl.answers import checks, choice
-from loomrl.answers.check import make_check
-from loomrl.answers.checks import AnswerFormat, MatchMode
+from loomrl.answers import choice, compare
+from loomrl.answers.compare import AnswerFormat, MatchMode
 from loomrl.answers.mathverify import INSTALL_HINT, GoldError
+from loomrl.answers.registry import make_check
 from loomrl.envs.base import Environment, EnvState, EnvStep, Message
 from loomrl.envs.qa import prompts
 from loomrl.envs.qa.prompts import RewardName
@@ -126,7 +126,7 @@ class QAEnv(Environment):
         if correct or attempts >= self.max_attempts:
             return EnvStep([], done=True, info=info)
         feedback = self.retry_prompt.format(left=self.max_attempts - attempts)
-        if not checks.formatted(reply, self.answer_format):
+        if not compare.formatted(reply, self.answer_format):
             feedback += " " + prompts.format_hint(self.answer_format, self.reward)
         return EnvStep([{"role": "user", "content": feedback}], done=False, info=info)
 
@@ -143,7 +143,7 @@ class QAEnv(Environment):
             extra = len(replies) - 1
             components["attempt_penalty"] = -self.attempt_penalty * extra if correct else 0.0
         if self.format_weight:
-            ok = checks.formatted(last, self.answer_format)
+            ok = compare.formatted(last, self.answer_format)
             components["format"] = self.format_weight if ok else 0.0
         return components
 

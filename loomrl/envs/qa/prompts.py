@@ -6,8 +6,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Literal
 
-from loomrl.answers.checks import AnswerFormat
 from loomrl.answers.choice import LETTERS
+from loomrl.answers.compare import AnswerFormat
 
 RewardName = Literal["math_verify", "exact", "regex", "choice"]
 

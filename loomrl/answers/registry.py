@@ -14,8 +14,8 @@ import re
 from collections.abc import Mapping
 from typing import Any, Protocol
 
-from loomrl.answers import checks, choice
-from loomrl.answers.checks import MatchMode
+from loomrl.answers import choice, compare
+from loomrl.answers.compare import MatchMode
 from loomrl.answers.mathcheck import MathChecker, math_target
 
 NAMES: tuple[str, ...] = ("choice", "exact", "math_verify", "regex")
@@ -47,7 +47,7 @@ class MathVerify:
         self.key, self.checker = key, MathChecker(timeout_s, workers)
 
     def reference(self, example: Mapping[str, Any]) -> str:
-        return checks.math_gold(answer_of(example, self.key, "math_verify"))
+        return compare.math_gold(answer_of(example, self.key, "math_verify"))
 
     def correct(self, reply: str, reference: str) -> bool:
         target = math_target(reply)
@@ -61,10 +61,10 @@ class Exact:
         self.key = key
 
     def reference(self, example: Mapping[str, Any]) -> frozenset[str]:
-        return checks.exact_references(answer_of(example, self.key, "exact"))
+        return compare.exact_references(answer_of(example, self.key, "exact"))
 
     def correct(self, reply: str, reference: frozenset[str]) -> bool:
-        return checks.exact_correct(reply, reference)
+        return compare.exact_correct(reply, reference)
 
 
 class Regex:
@@ -76,16 +76,16 @@ class Regex:
     ) -> None:
         if match not in ("full", "search"):
             raise ValueError(f"match must be 'full' or 'search', got {match!r}")
-        self.pattern = None if pattern is None else checks.compile_pattern(pattern)
+        self.pattern = None if pattern is None else compare.compile_pattern(pattern)
         self.match, self.key = match, key
 
     def reference(self, example: Mapping[str, Any]) -> re.Pattern[str]:
         if self.pattern is not None:
             return self.pattern
-        return checks.compile_pattern(answer_of(example, self.key, "regex"))
+        return compare.compile_pattern(answer_of(example, self.key, "regex"))
 
     def correct(self, reply: str, reference: re.Pattern[str]) -> bool:
-        return checks.regex_correct(reply, reference, self.match)
+        return compare.regex_correct(reply, reference, self.match)
 
 
 class Choice:
